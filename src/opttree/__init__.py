@@ -1,0 +1,19 @@
+"""opttree: lossless speculative decoding with adaptive draft trees for HF transformers."""
+
+from .builder import BuiltTree, build_opt_tree
+from .config import TreeConfig
+from .integration import (
+    SpeculativeDecoderOnlyOutput,
+    SpeculativeGenerationMixin,
+    SpeculativeGenerator,
+    speculative,
+    speculative_generate,
+)
+from .stats import GenerationStats, StepStats
+from .tree import DraftTree
+
+__all__ = [
+    "BuiltTree", "DraftTree", "GenerationStats", "SpeculativeDecoderOnlyOutput", "SpeculativeGenerationMixin",
+    "SpeculativeGenerator", "StepStats", "TreeConfig", "build_opt_tree", "speculative", "speculative_generate",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,119 @@
+"""OPT-Tree: grow the draft tree that maximises E(A) = Σp̂ under a node budget.
+
+Paper: Wang et al., "OPT-Tree: Speculative Decoding with Adaptive Draft Tree Structure",
+TACL 2025 (arXiv 2406.17276), Algorithm 1. Layer by layer, each node of the newest layer that is
+still among the best ``nodes`` nodes is expanded in ONE draft forward; the layer keeps the
+``nodes`` children of highest p̂ = p̂(parent) × q(token); growth stops when E(A) of the best
+``nodes``-node tree rises by no more than ``threshold`` or at ``max_depth``. The final tree is the
+top-``nodes`` nodes by p̂, which is closed under ancestors (a child's p̂ never exceeds its
+parent's, and ties are broken parent-first).
+
+Two departures from the official code, both tested: a draft forward only ever sees the nodes on
+its own root path (no stale non-parent nodes in the draft mask), and no draft forward is run
+whose output is not used (the newest layer is expanded only if the tree grows again).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from .config import TreeConfig
+from .tree import DraftTree
+
+# expand(pool, frontier) -> draft probabilities for the children of each frontier node.
+#   pool:     every node drafted so far this step (a DraftTree in layer order)
+#   frontier: [k] long, indices into pool
+#   returns:  [k, vocab] float
+Expand = Callable[[DraftTree, torch.Tensor], torch.Tensor]
+
+
+@dataclass
+class BuiltTree:
+    """A step's final tree and how it was built."""
+
+    tree: DraftTree  # the top-``nodes`` nodes of the pool, in pool order
+    pool_ids: torch.Tensor  # [n] long: tree node i is pool node pool_ids[i]
+    expected_lengths: list[float] = field(default_factory=list)  # E(A) after each layer
+    draft_forwards: int = 0  # expand() calls (the root's forward not counted)
+
+
+def best_nodes(path_probs: torch.Tensor, budget: int) -> torch.Tensor:
+    """Indices of the ``budget`` highest p̂ in a pool stored layer by layer, ties parent-first.
+
+    path_probs: [m] float, in pool order (depth never decreases with the index).
+    returns:    [min(budget, m)] long, sorted ascending (so still topological).
+    """
+    order = torch.sort(path_probs, descending=True, stable=True).indices  # ties: lower index first
+    return torch.sort(order[:budget]).values
+
+
+def top_children(parent_probs: torch.Tensor, child_probs: torch.Tensor, budget: int):
+    """The ``budget`` most probable children of a layer, by p̂ = p̂(parent) × q(token).
+
+    parent_probs: [k] float, p̂ of the expanded nodes
+    child_probs:  [k, vocab] float, the draft's q for their children
+    returns:      (parent row [c] long, token [c] long, p̂ [c] float), c ≤ budget, p̂ > 0.
+    """
+    scores = parent_probs[:, None] * child_probs  # [k, vocab]
+    vocab = scores.shape[1]
+    top = torch.topk(scores.flatten(), min(budget, scores.numel()))
+    keep = top.values > 0
+    flat = top.indices[keep]
+    return flat // vocab, flat % vocab, top.values[keep]
+
+
+def build_opt_tree(root_probs: torch.Tensor, expand: Expand, config: TreeConfig, max_depth=None) -> BuiltTree:
+    """Grow an OPT-Tree.
+
+    root_probs: [vocab] float, the draft's q for the root's children.
+    max_depth:  a tighter depth cap for this step (e.g. tokens left before max_new_tokens).
+    """
+    budget = config.nodes
+    depth_cap = config.max_depth if max_depth is None else min(config.max_depth, max_depth)
+    if depth_cap < 1:
+        return BuiltTree(DraftTree.empty(root_probs.device), torch.empty(0, dtype=torch.long, device=root_probs.device))
+
+    # 1. the first layer: the root's most probable children
+    one = torch.ones(1, dtype=root_probs.dtype, device=root_probs.device)
+    _, tokens, probs = top_children(one, root_probs[None, :], budget)
+    parents = torch.full_like(tokens, -1)
+    layer = torch.arange(len(tokens), device=tokens.device)  # pool indices of the newest layer
+    pool = DraftTree(tokens, parents, probs)
+    gains = [pool.path_probs[best_nodes(pool.path_probs, budget)].sum().item()]
+    forwards = 0
+
+    # 2. deeper layers while E(A) still grows by more than the threshold
+    for _ in range(depth_cap - 1):
+        best = best_nodes(pool.path_probs, budget)
+        frontier = layer[torch.isin(layer, best)]  # only nodes that can still have kept children
+        if len(frontier) == 0:
+            break
+        child_probs = expand(pool, frontier)  # [k, vocab]
+        forwards += 1
+        rows, tokens, probs = top_children(pool.path_probs[frontier], child_probs.to(pool.path_probs.dtype), budget)
+        if len(tokens) == 0:
+            break
+        start = len(pool)
+        pool = DraftTree(
+            torch.cat([pool.tokens, tokens]),
+            torch.cat([pool.parents, frontier[rows]]),
+            torch.cat([pool.path_probs, probs]),
+        )
+        layer = torch.arange(start, len(pool), device=tokens.device)
+        gains.append(pool.path_probs[best_nodes(pool.path_probs, budget)].sum().item())
+        if gains[-1] - gains[-2] <= config.threshold:
+            break
+
+    # 3. the final tree: the best `budget` nodes, re-indexed
+    keep = best_nodes(pool.path_probs, budget)
+    remap = torch.full((len(pool),), -1, dtype=torch.long, device=keep.device)
+    remap[keep] = torch.arange(len(keep), device=keep.device)
+    old_parents = pool.parents[keep]
+    new_parents = torch.where(old_parents >= 0, remap[old_parents.clamp(min=0)], old_parents)
+    if bool((new_parents[old_parents >= 0] < 0).any()):
+        raise AssertionError("OPT-Tree selection lost an ancestor; this is a bug")
+    tree = DraftTree(pool.tokens[keep], new_parents, pool.path_probs[keep])
+    return BuiltTree(tree, keep, gains, forwards)

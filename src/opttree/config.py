@@ -1,0 +1,44 @@
+"""Tree settings: one validated, frozen dataclass and the only home of their defaults."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+STRATEGIES = ("opt",)
+
+
+@dataclass(frozen=True)
+class TreeConfig:
+    """How the draft tree is grown each step (OPT-Tree, arXiv 2406.17276, Algorithm 1).
+
+    nodes:     the node budget n: the final tree keeps the ``nodes`` nodes of highest path
+               probability p̂ (the root is not counted).
+    threshold: δ: drafting goes one layer deeper only while E(A) = Σp̂ of the best ``nodes``-node
+               tree grows by more than δ.
+    max_depth: the deepest layer ever drafted.
+    strategy:  how the tree is grown; ``"opt"`` is OPT-Tree.
+    """
+
+    nodes: int = 60
+    threshold: float = 0.5
+    max_depth: int = 10
+    strategy: str = "opt"
+
+    def __post_init__(self):
+        if isinstance(self.nodes, bool) or not isinstance(self.nodes, int) or self.nodes < 1:
+            raise ValueError(f"nodes must be an integer >= 1 (the tree's node budget), got {self.nodes!r}")
+        if (
+            isinstance(self.threshold, bool)
+            or not isinstance(self.threshold, (int, float))
+            or not math.isfinite(self.threshold)
+            or self.threshold < 0
+        ):
+            raise ValueError(
+                f"threshold must be a finite number >= 0 (the minimum gain in E(A) that justifies "
+                f"drafting one more layer; 0.5 is a good start), got {self.threshold!r}"
+            )
+        if isinstance(self.max_depth, bool) or not isinstance(self.max_depth, int) or self.max_depth < 1:
+            raise ValueError(f"max_depth must be an integer >= 1, got {self.max_depth!r}")
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"strategy must be one of {STRATEGIES}, got {self.strategy!r}")

@@ -1,0 +1,138 @@
+"""The speculative decoding loop, one function, in numbered steps.
+
+Invariant at the top of every step: ``sequence`` = every committed token; the target's cache holds
+all of them but the last one, the *root*, whose logits are computed by the step's verification
+forward together with the tree's. The prompt's prefill therefore stops one token short, and the
+first step verifies the prompt's last token together with the first tree.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+
+from . import kv_cache
+from .builder import BuiltTree, build_opt_tree
+from .config import TreeConfig
+from .masks import verification_inputs
+from .stats import GenerationStats, StepStats
+from .tree import DraftTree
+from .verify import greedy_choice, sampled_choice, walk_tree
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class DecodeResult:
+    sequences: torch.Tensor  # [1, T + new] long
+    stats: GenerationStats
+    scores: tuple | None = None  # processed scores per new token, each [1, vocab]
+    logits: tuple | None = None  # raw target logits per new token, each [1, vocab]
+
+
+def target_logits(target, inputs, cache) -> torch.Tensor:
+    """One target forward over the root and the tree -> [n + 1, vocab] float32."""
+    out = target(**inputs.as_kwargs(), past_key_values=cache, use_cache=True, logits_to_keep=0)
+    return out.logits[0].float()
+
+
+def speculative_decode(
+    target,
+    drafter,
+    input_ids: torch.Tensor,  # [1, T] long
+    cache,
+    logits_processor,
+    stopping_criteria,
+    config: TreeConfig,
+    *,
+    max_length: int,
+    context_length: int,
+    do_sample: bool = False,
+    streamer=None,
+    generator: torch.Generator | None = None,
+    output_scores: bool = False,
+    output_logits: bool = False,
+) -> DecodeResult:
+    pick = sampled_choice if do_sample else greedy_choice
+    sequence = input_ids[0]
+    stats = GenerationStats(prompt_tokens=len(sequence))
+    scores_out: list[torch.Tensor] = []
+    logits_out: list[torch.Tensor] = []
+
+    # 0. prefill the target with all prompt tokens but the root
+    if len(sequence) > 1:
+        target(input_ids=input_ids[:, :-1], past_key_values=cache, use_cache=True, logits_to_keep=1)
+    past_len = len(sequence) - 1
+
+    finished = False
+    while not finished:
+        # 1. draft a tree (not deeper than the tokens still allowed and the context)
+        depth_cap = min(max_length - len(sequence) - 1, context_length - len(sequence))
+        t0 = time.perf_counter()
+        forwards_before = getattr(drafter, "forwards", 0)
+        if depth_cap >= 1:
+            root_probs = drafter.root_probs(sequence)
+            built = build_opt_tree(root_probs, drafter.expand, config, depth_cap)
+        else:
+            built = BuiltTree(DraftTree.empty(sequence.device), torch.empty(0, dtype=torch.long))
+        tree = DraftTree(built.tree.tokens.to(sequence.device), built.tree.parents.to(sequence.device),
+                         built.tree.path_probs)
+        t1 = time.perf_counter()
+
+        # 2. verify: ONE target forward over the root and every tree node
+        inputs = verification_inputs(int(sequence[-1]), tree, past_len, target.dtype)
+        logits = target_logits(target, inputs, cache)  # [n + 1, vocab]
+
+        # 3. walk the tree: the target's own token at the root and at each accepted node
+        def choose(emitted: list[int], row: torch.Tensor):
+            context = torch.cat([sequence, torch.tensor(emitted, dtype=sequence.dtype, device=sequence.device)])
+            scores = logits_processor(context[None, :], row[None, :])[0]
+            return pick(scores, generator), scores
+
+        acceptance = walk_tree(tree, logits, choose)
+        t2 = time.perf_counter()
+
+        # 4. keep only the root and the accepted path in both caches
+        kv_cache.keep_slots(cache, past_len + 1, torch.tensor(acceptance.nodes, dtype=torch.long) + past_len + 1)
+        if depth_cap >= 1:
+            drafter.commit([int(built.pool_ids[i]) for i in acceptance.nodes])
+        past_len += 1 + acceptance.accepted
+
+        # 5. commit the new tokens one by one until a stopping criterion fires
+        new = []
+        for token, scores, row in zip(acceptance.tokens, acceptance.scores, acceptance.logits):
+            sequence = torch.cat([sequence, torch.tensor([token], dtype=sequence.dtype, device=sequence.device)])
+            new.append(token)
+            scores_out.append(scores[None])
+            logits_out.append(row[None])
+            if bool(stopping_criteria(sequence[None, :], scores[None]).any()):
+                finished = True
+                break
+        if not finished and len(sequence) > context_length:
+            logger.warning("stopped at the model's context length (%d tokens)", context_length)
+            finished = True
+        if streamer is not None:
+            streamer.put(torch.tensor(new, dtype=torch.long))
+        stats.new_tokens += len(new)
+        stats.steps.append(StepStats(
+            tree_size=len(tree),
+            tree_depth=int(tree.depths().max()) if len(tree) else 0,
+            expected_length=tree.expected_length,
+            accepted=acceptance.accepted,
+            emitted=len(new),
+            draft_forwards=getattr(drafter, "forwards", 0) - forwards_before,
+            draft_seconds=t1 - t0,
+            verify_seconds=t2 - t1,
+        ))
+
+    if streamer is not None:
+        streamer.end()
+    return DecodeResult(
+        sequences=sequence[None, :],
+        stats=stats,
+        scores=tuple(scores_out) if output_scores else None,
+        logits=tuple(logits_out) if output_logits else None,
+    )

@@ -1,0 +1,166 @@
+"""Three ways into generate(): a callable for ``custom_generate=``, a GenerationMixin override
+that accepts ``draft_model=`` (get it with :func:`speculative`), and :class:`SpeculativeGenerator`.
+All three run generate()'s own preparation (generation config, logits processors and warpers,
+stopping criteria with EOS and max length) and then :func:`opttree.generation.speculative_decode`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+from .config import TreeConfig
+from .drafters import ModelDrafter
+from .generation import speculative_decode
+from .stats import GenerationStats
+from .validation import check_inputs, check_pair, context_length
+from . import kv_cache
+
+
+@dataclass
+class SpeculativeDecoderOnlyOutput(GenerateDecoderOnlyOutput):
+    """generate()'s usual output (``return_dict_in_generate=True``) plus opttree's ``stats``."""
+
+    stats: GenerationStats | None = None
+
+
+def _decode(model, draft_model, config: TreeConfig, input_ids, logits_processor, stopping_criteria,
+            generation_config, streamer, generator, model_kwargs):
+    if draft_model is None:
+        raise ValueError("speculative generation needs draft_model=<a small causal LM with the target's vocabulary>")
+    check_pair(model, draft_model)
+    max_context = context_length(model)
+    draft_context = context_length(draft_model)
+    if draft_context is not None:
+        max_context = min(max_context or draft_context, draft_context)
+    check_inputs(input_ids, model_kwargs.get("attention_mask"), max_context)
+    max_length = stopping_criteria.max_length or generation_config.max_length
+    cache = model_kwargs.get("past_key_values")
+    if cache is None:
+        cache = kv_cache.new_cache(model)
+    total = min(max_length, max_context or max_length) + config.nodes
+    kv_cache.check_cache(cache, total)
+    drafter = ModelDrafter(draft_model)
+    kv_cache.check_cache(drafter.cache, total)
+    if streamer is not None:
+        streamer.put(input_ids.cpu())
+    with torch.inference_mode():
+        result = speculative_decode(
+            model, drafter, input_ids, cache, logits_processor, stopping_criteria, config,
+            max_length=max_length,
+            context_length=max_context or (1 << 62),
+            do_sample=bool(generation_config.do_sample),
+            streamer=streamer,
+            generator=generator,
+            output_scores=bool(generation_config.output_scores),
+            output_logits=bool(generation_config.output_logits),
+        )
+    if generation_config.return_dict_in_generate:
+        return SpeculativeDecoderOnlyOutput(
+            sequences=result.sequences, scores=result.scores, logits=result.logits,
+            past_key_values=cache, stats=result.stats,
+        )
+    return result.sequences
+
+
+def speculative_generate(
+    model,
+    input_ids,
+    logits_processor,
+    stopping_criteria,
+    generation_config,
+    synced_gpus=False,
+    streamer=None,
+    draft_model=None,
+    nodes: int = TreeConfig.nodes,
+    threshold: float = TreeConfig.threshold,
+    max_depth: int = TreeConfig.max_depth,
+    generator: torch.Generator | None = None,
+    **model_kwargs,
+):
+    """Use as ``model.generate(**inputs, custom_generate=speculative_generate, draft_model=draft)``
+    on any transformers causal LM. (generate() does not hand a ``streamer`` to a custom_generate
+    callable: to stream, use :func:`speculative` or :class:`SpeculativeGenerator`.)"""
+    config = TreeConfig(nodes=nodes, threshold=threshold, max_depth=max_depth)
+    return _decode(model, draft_model, config, input_ids, logits_processor, stopping_criteria,
+                   generation_config, streamer, generator, model_kwargs)
+
+
+def _bound(draft_model, config: TreeConfig, streamer, generator, sink: list | None = None):
+    """A custom_generate callable with opttree's arguments bound (and the user's streamer)."""
+
+    def custom_generate(model, input_ids, logits_processor, stopping_criteria, generation_config,
+                        synced_gpus=False, **model_kwargs):
+        model_kwargs.pop("streamer", None)
+        out = _decode(model, draft_model, config, input_ids, logits_processor, stopping_criteria,
+                      generation_config, streamer, generator, model_kwargs)
+        if sink is not None:
+            sink.append(out.stats if isinstance(out, SpeculativeDecoderOnlyOutput) else None)
+        return out
+
+    return custom_generate
+
+
+class SpeculativeGenerationMixin:
+    """Adds ``draft_model=``, ``nodes=``, ``threshold=``, ``max_depth=`` and ``generator=`` to
+    generate(); without ``draft_model`` generate() is untouched."""
+
+    def generate(self, *args, draft_model=None, nodes=None, threshold=None, max_depth=None, generator=None, **kwargs):
+        if draft_model is None:
+            if any(v is not None for v in (nodes, threshold, max_depth, generator)):
+                raise ValueError("nodes/threshold/max_depth/generator need draft_model=")
+            return super().generate(*args, **kwargs)
+        config = _tree_config(nodes, threshold, max_depth)
+        streamer = kwargs.pop("streamer", None)
+        return super().generate(*args, custom_generate=_bound(draft_model, config, streamer, generator), **kwargs)
+
+
+def _tree_config(nodes, threshold, max_depth) -> TreeConfig:
+    given = {k: v for k, v in dict(nodes=nodes, threshold=threshold, max_depth=max_depth).items() if v is not None}
+    return TreeConfig(**given)
+
+
+def speculative(model):
+    """Give an existing transformers model the generate() that accepts ``draft_model=``.
+
+    The model keeps its weights, config and class name (so save_pretrained is unchanged); only
+    its class gains :class:`SpeculativeGenerationMixin`. Returns the same object.
+    """
+    cls = type(model)
+    if isinstance(model, SpeculativeGenerationMixin):
+        return model
+    if not hasattr(model, "generate"):
+        raise TypeError(f"{cls.__name__} has no generate(); pass a causal LM such as AutoModelForCausalLM")
+    model.__class__ = type(cls.__name__, (SpeculativeGenerationMixin, cls), {"__module__": cls.__module__,
+                                                                         "__qualname__": cls.__qualname__})
+    return model
+
+
+class SpeculativeGenerator:
+    """A target/draft pair with the usual generate() arguments.
+
+    >>> gen = SpeculativeGenerator(target, draft, nodes=60, threshold=0.5)
+    >>> out = gen.generate(**tokenizer(prompt, return_tensors="pt"), max_new_tokens=64)
+    >>> gen.last_stats.mean_accepted_tokens
+    """
+
+    def __init__(self, target, draft, nodes: int = TreeConfig.nodes, threshold: float = TreeConfig.threshold,
+                 max_depth: int = TreeConfig.max_depth, tokenizer=None, draft_tokenizer=None):
+        check_pair(target, draft, tokenizer, draft_tokenizer)
+        self.target = target
+        self.draft = draft
+        self.config = TreeConfig(nodes=nodes, threshold=threshold, max_depth=max_depth)
+        self.last_stats: GenerationStats | None = None
+
+    def generate(self, inputs=None, generator: torch.Generator | None = None, **kwargs):
+        streamer = kwargs.pop("streamer", None)
+        want_dict = kwargs.pop("return_dict_in_generate", False)
+        sink: list = []
+        out = self.target.generate(
+            inputs, custom_generate=_bound(self.draft, self.config, streamer, generator, sink),
+            return_dict_in_generate=True, **kwargs,
+        )
+        self.last_stats = out.stats
+        return out if want_dict else out.sequences

@@ -1,0 +1,60 @@
+"""The only module that touches transformers Cache internals.
+
+After a tree forward the cache holds the committed prefix and then one slot per tree token.
+:func:`keep_slots` moves the slots of the accepted path right behind the prefix and drops the
+rest, in place (no copy of the prefix, ~1 ms). ``Cache.crop`` takes a NEGATIVE count in
+transformers 5.x.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+
+
+def new_cache(model) -> DynamicCache:
+    return DynamicCache(config=model.config)
+
+
+def check_cache(cache, max_total_len: int) -> None:
+    """Refuse caches whose slots cannot be moved (static, quantised, linear-attention ones), and
+    sliding-window layers that would have to drop tokens (not supported yet)."""
+    if type(cache) is not DynamicCache:
+        raise NotImplementedError(
+            f"opttree needs a DynamicCache to keep only the accepted tree path, got {type(cache).__name__}; "
+            "call generate() without cache_implementation= or past_key_values="
+        )
+    if cache.get_seq_length() > 0:
+        raise NotImplementedError("opttree starts from an empty cache; do not pass a filled past_key_values")
+    for layer in cache.layers:
+        if type(layer) not in (DynamicLayer, DynamicSlidingWindowLayer):
+            raise NotImplementedError(f"opttree cannot rewrite cache layers of type {type(layer).__name__}")
+        if isinstance(layer, DynamicSlidingWindowLayer) and max_total_len >= layer.sliding_window:
+            raise NotImplementedError(
+                f"this model uses sliding-window attention (window {layer.sliding_window}) and the "
+                f"sequence may reach {max_total_len} tokens; opttree supports such models only below "
+                "the window: lower max_new_tokens or shorten the prompt"
+            )
+
+
+def cache_length(cache) -> int:
+    return cache.get_seq_length()
+
+
+def keep_slots(cache: DynamicCache, start: int, slots: torch.Tensor) -> None:
+    """Keep cache slots ``[0, start)`` followed by ``slots``; drop everything else.
+
+    slots: [k] long, ascending, each >= start.
+    """
+    total = cache.get_seq_length()
+    k = len(slots)
+    if k and not bool((slots == torch.arange(start, start + k, device=slots.device)).all()):
+        for layer in cache.layers:
+            if not getattr(layer, "is_initialized", True):
+                continue
+            idx = slots.to(layer.keys.device)
+            layer.keys[..., start:start + k, :] = layer.keys[..., idx, :]
+            layer.values[..., start:start + k, :] = layer.values[..., idx, :]
+    if total > start + k:
+        cache.crop(-(total - start - k))

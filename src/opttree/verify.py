@@ -1,0 +1,67 @@
+"""Which draft tokens the target keeps: walk the tree from the root.
+
+At the root, and then at each accepted node, the target picks its own next token from its
+logits at that node (argmax when greedy, a sample when sampling, always after the same logits
+processors generate() would apply). If a child of the current node carries that token, the child
+is accepted and the walk goes on from it; otherwise the picked token is the *bonus* token and the
+step ends. Every emitted token is thus exactly the token the target alone would have produced
+from the same context (greedy), or a draw from the target's own distribution there (sampling,
+"sample-and-match": lossless whatever the tree).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from .tree import DraftTree
+
+# choose(emitted, logits) -> (token, scores)
+#   emitted: tokens emitted so far this step (the context beyond the committed sequence)
+#   logits:  [vocab] float32, the target's raw logits at the current node
+#   returns: the target's token and the processed scores it was picked from ([vocab])
+Choose = Callable[[list[int], torch.Tensor], "tuple[int, torch.Tensor]"]
+
+
+@dataclass
+class Acceptance:
+    """One step's outcome. ``tokens`` = accepted draft tokens followed by the bonus token."""
+
+    nodes: list[int] = field(default_factory=list)  # accepted tree nodes, root to leaf
+    tokens: list[int] = field(default_factory=list)  # len(nodes) + 1
+    scores: list[torch.Tensor] = field(default_factory=list)  # [vocab] per emitted token
+    logits: list[torch.Tensor] = field(default_factory=list)  # [vocab] per emitted token
+
+    @property
+    def accepted(self) -> int:
+        return len(self.nodes)
+
+
+def walk_tree(tree: DraftTree, logits: torch.Tensor, choose: Choose) -> Acceptance:
+    """logits: [n + 1, vocab] float32; row 0 is the root, row 1 + i is node i."""
+    children = tree.children()
+    tokens = tree.tokens.tolist()
+    result = Acceptance()
+    node = -1
+    while True:
+        row = logits[node + 1]
+        token, scores = choose(result.tokens, row)
+        result.tokens.append(token)
+        result.scores.append(scores)
+        result.logits.append(row)
+        child = next((c for c in children[node + 1] if tokens[c] == token), None)
+        if child is None:
+            return result
+        result.nodes.append(child)
+        node = child
+
+
+def greedy_choice(scores: torch.Tensor, generator=None) -> int:
+    return int(torch.argmax(scores))
+
+
+def sampled_choice(scores: torch.Tensor, generator=None) -> int:
+    probs = torch.softmax(scores, dim=-1)
+    return int(torch.multinomial(probs, 1, generator=generator))

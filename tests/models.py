@@ -1,0 +1,57 @@
+"""Tiny random-weight causal LMs built from configs (no downloads), one per family."""
+
+from __future__ import annotations
+
+import torch
+import transformers as tf
+
+VOCAB = 96
+
+
+def _common(layers=2, hidden=32, heads=4):
+    return dict(vocab_size=VOCAB, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+                intermediate_size=2 * hidden, max_position_embeddings=256)
+
+
+def config_for(family: str, layers: int = 2, hidden: int = 32):
+    c = _common(layers, hidden)
+    if family == "llama":
+        return tf.LlamaConfig(**c, num_key_value_heads=2)
+    if family == "qwen2":
+        return tf.Qwen2Config(**c, num_key_value_heads=2)
+    if family == "qwen3":
+        return tf.Qwen3Config(**c, num_key_value_heads=2, head_dim=8)
+    if family == "mistral":
+        return tf.MistralConfig(**c, num_key_value_heads=2, sliding_window=None)
+    if family == "gemma":
+        return tf.GemmaConfig(**c, num_key_value_heads=2, head_dim=8)
+    if family == "phi":
+        return tf.PhiConfig(**c)
+    if family == "phi3":
+        return tf.Phi3Config(**c, num_key_value_heads=2, pad_token_id=0)
+    if family == "gpt2":
+        return tf.GPT2Config(vocab_size=VOCAB, n_embd=hidden, n_layer=layers, n_head=4, n_positions=256)
+    if family == "opt":
+        return tf.OPTConfig(vocab_size=VOCAB, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=4,
+                            ffn_dim=2 * hidden, max_position_embeddings=256, word_embed_proj_dim=hidden,
+                            pad_token_id=1, bos_token_id=2, eos_token_id=2)
+    raise KeyError(family)
+
+
+FAMILIES = ["llama", "qwen2", "qwen3", "mistral", "gemma", "phi", "phi3", "gpt2", "opt"]
+
+
+def tiny_model(family: str, seed: int = 0, layers: int = 2, hidden: int = 32, attn: str = "sdpa", dtype=torch.float32):
+    torch.manual_seed(seed)
+    config = config_for(family, layers, hidden)
+    config._attn_implementation = attn
+    model = tf.AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model.generation_config.pad_token_id = model.generation_config.pad_token_id or 0
+    return model.eval()
+
+
+def peaked(model, scale: float = 100.0):
+    """Sharpen a random model's next-token distributions so drafts of it agree deep into the tree."""
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(scale)
+    return model

@@ -1,0 +1,65 @@
+"""A node's logits under the tree mask equal the logits of its root→node path run as a plain
+sequence, for the target's verification forward and for the draft's layer forwards."""
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from models import FAMILIES, peaked, tiny_model
+from opttree import TreeConfig, build_opt_tree
+from opttree.drafters import ModelDrafter
+from opttree.masks import verification_inputs
+from opttree.tree import DraftTree
+
+
+def path_logits(model, prefix: torch.Tensor, path_tokens: list[int]) -> torch.Tensor:
+    seq = torch.cat([prefix, torch.tensor(path_tokens, dtype=torch.long)])
+    return model(seq[None]).logits[0, -1].float()
+
+
+def random_tree(n: int, vocab: int, seed: int) -> DraftTree:
+    g = torch.Generator().manual_seed(seed)
+    parents = [-1] + [int(torch.randint(-1, i, (1,), generator=g)) for i in range(1, n)]
+    tokens = torch.randint(3, vocab, (n,), generator=g)
+    return DraftTree(tokens, torch.tensor(parents), torch.ones(n))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_verification_logits_equal_path_logits(family, attn):
+    model = tiny_model(family, attn=attn)
+    prefix = torch.randint(3, 90, (9,))
+    tree = random_tree(12, 90, seed=1)
+    with torch.inference_mode():
+        cache = DynamicCache(config=model.config)
+        model(prefix[None, :-1], past_key_values=cache, use_cache=True)
+        inputs = verification_inputs(int(prefix[-1]), tree, len(prefix) - 1, model.dtype)
+        logits = model(**inputs.as_kwargs(), past_key_values=cache, use_cache=True, logits_to_keep=0).logits[0]
+        assert torch.allclose(logits[0], path_logits(model, prefix, []), atol=1e-4)
+        for i in range(len(tree)):
+            expected = path_logits(model, prefix, tree.tokens[tree.path_to(i)].tolist())
+            assert torch.allclose(logits[i + 1], expected, atol=1e-4), f"node {i}"
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2", "opt", "gemma"])
+def test_draft_layer_forwards_see_only_their_own_path(family):
+    """If a draft layer's mask let a node see stale non-parent nodes of earlier layers (as the
+    official code does), these logits would differ from the plain path's."""
+    model = peaked(tiny_model(family), scale=30.0)
+    prefix = torch.randint(3, 90, (6,))
+    seen = []
+
+    with torch.inference_mode():
+        drafter = ModelDrafter(model)
+
+        def expand(pool, frontier):
+            probs = drafter.expand(pool, frontier)
+            seen.append((pool, frontier.tolist(), probs))
+            return probs
+
+        build_opt_tree(drafter.root_probs(prefix), expand, TreeConfig(nodes=6, threshold=0.0, max_depth=4))
+        assert len(seen) >= 2 and any(len(f) > 1 for _, f, _ in seen[1:])
+        for pool, frontier, probs in seen:
+            for row, i in enumerate(frontier):
+                expected = torch.softmax(path_logits(model, prefix, pool.tokens[pool.path_to(i)].tolist()), -1)
+                assert torch.allclose(probs[row], expected, atol=1e-5)
