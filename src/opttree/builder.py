@@ -38,6 +38,9 @@ class BuiltTree:
     pool_ids: torch.Tensor  # [n] long: tree node i is pool node pool_ids[i]
     expected_lengths: list[float] = field(default_factory=list)  # E(A) after each layer
     draft_forwards: int = 0  # expand() calls (the root's forward not counted)
+    # the draft's q for the children of the root (key -1) and of each expanded tree node
+    # (key = tree index): [vocab] float each; what sampling verifiers need.
+    draft_probs: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
 def best_nodes(path_probs: torch.Tensor, budget: int) -> torch.Tensor:
@@ -84,6 +87,7 @@ def build_opt_tree(root_probs: torch.Tensor, expand: Expand, config: TreeConfig,
     pool = DraftTree(tokens, parents, probs)
     gains = [pool.path_probs[best_nodes(pool.path_probs, budget)].sum().item()]
     forwards = 0
+    q_of_pool = {-1: root_probs}  # pool id -> q for its children
 
     # 2. deeper layers while E(A) still grows by more than the threshold
     for _ in range(depth_cap - 1):
@@ -93,6 +97,7 @@ def build_opt_tree(root_probs: torch.Tensor, expand: Expand, config: TreeConfig,
             break
         child_probs = expand(pool, frontier)  # [k, vocab]
         forwards += 1
+        q_of_pool.update(zip(frontier.tolist(), child_probs))
         rows, tokens, probs = top_children(pool.path_probs[frontier], child_probs.to(pool.path_probs.dtype), budget)
         if len(tokens) == 0:
             break
@@ -116,4 +121,6 @@ def build_opt_tree(root_probs: torch.Tensor, expand: Expand, config: TreeConfig,
     if bool((new_parents[old_parents >= 0] < 0).any()):
         raise AssertionError("OPT-Tree selection lost an ancestor; this is a bug")
     tree = DraftTree(pool.tokens[keep], new_parents, pool.path_probs[keep])
-    return BuiltTree(tree, keep, gains, forwards)
+    draft_probs = {(-1 if pid < 0 else int(remap[pid])): q for pid, q in q_of_pool.items()
+                   if pid < 0 or remap[pid] >= 0}
+    return BuiltTree(tree, keep, gains, forwards, draft_probs)

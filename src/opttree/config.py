@@ -5,7 +5,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-STRATEGIES = ("opt",)
+# Known names; each module that adds one extends its tuple here.
+STRATEGIES = ("opt",)  # tree growth: see strategies.py
+VERIFIERS = ("match",)  # acceptance rule: see verify.py
 
 
 @dataclass(frozen=True)
@@ -18,12 +20,18 @@ class TreeConfig:
                tree grows by more than δ.
     max_depth: the deepest layer ever drafted.
     strategy:  how the tree is grown; ``"opt"`` is OPT-Tree.
+    verifier:  how the target accepts tokens; ``"match"``: the target picks its own token at a
+               node (argmax, or a sample) and the walk follows the child that carries it.
+    static_tree: for ``strategy="static"``: the tree as root-to-node paths of sibling ranks,
+               e.g. ``((0,), (1,), (0, 0))``.
     """
 
     nodes: int = 60
     threshold: float = 0.5
     max_depth: int = 10
     strategy: str = "opt"
+    verifier: str = "match"
+    static_tree: tuple | None = None
 
     def __post_init__(self):
         if isinstance(self.nodes, bool) or not isinstance(self.nodes, int) or self.nodes < 1:
@@ -42,3 +50,5 @@ class TreeConfig:
             raise ValueError(f"max_depth must be an integer >= 1, got {self.max_depth!r}")
         if self.strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {STRATEGIES}, got {self.strategy!r}")
+        if self.verifier not in VERIFIERS:
+            raise ValueError(f"verifier must be one of {VERIFIERS}, got {self.verifier!r}")

@@ -15,12 +15,13 @@ from dataclasses import dataclass
 import torch
 
 from . import kv_cache
-from .builder import BuiltTree, build_opt_tree
+from .builder import BuiltTree
 from .config import TreeConfig
 from .masks import verification_inputs
 from .stats import GenerationStats, StepStats
 from .tree import DraftTree
-from .verify import greedy_choice, sampled_choice, walk_tree
+from .strategies import build_tree
+from .verify import greedy_choice, sampled_choice, verify
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +76,7 @@ def speculative_decode(
         forwards_before = getattr(drafter, "forwards", 0)
         if depth_cap >= 1:
             root_probs = drafter.root_probs(sequence)
-            built = build_opt_tree(root_probs, drafter.expand, config, depth_cap)
+            built = build_tree(root_probs, drafter.expand, config, depth_cap)
         else:
             built = BuiltTree(DraftTree.empty(sequence.device), torch.empty(0, dtype=torch.long))
         tree = DraftTree(built.tree.tokens.to(sequence.device), built.tree.parents.to(sequence.device),
@@ -92,7 +93,7 @@ def speculative_decode(
             scores = logits_processor(context[None, :], row[None, :])[0]
             return pick(scores, generator), scores
 
-        acceptance = walk_tree(tree, logits, choose)
+        acceptance = verify(built, tree, logits, choose, config)
         t2 = time.perf_counter()
 
         # 4. keep only the root and the accepted path in both caches

@@ -12,7 +12,7 @@ import torch
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from .config import TreeConfig
-from .drafters import ModelDrafter
+from .drafters import make_drafter
 from .generation import speculative_decode
 from .stats import GenerationStats
 from .validation import check_inputs, check_pair, context_length
@@ -30,9 +30,9 @@ def _decode(model, draft_model, config: TreeConfig, input_ids, logits_processor,
             generation_config, streamer, generator, model_kwargs):
     if draft_model is None:
         raise ValueError("speculative generation needs draft_model=<a small causal LM with the target's vocabulary>")
-    check_pair(model, draft_model)
+    drafter = make_drafter(draft_model, model)
     max_context = context_length(model)
-    draft_context = context_length(draft_model)
+    draft_context = getattr(drafter, "context_length", None)
     if draft_context is not None:
         max_context = min(max_context or draft_context, draft_context)
     check_inputs(input_ids, model_kwargs.get("attention_mask"), max_context)
@@ -42,8 +42,8 @@ def _decode(model, draft_model, config: TreeConfig, input_ids, logits_processor,
         cache = kv_cache.new_cache(model)
     total = min(max_length, max_context or max_length) + config.nodes
     kv_cache.check_cache(cache, total)
-    drafter = ModelDrafter(draft_model)
-    kv_cache.check_cache(drafter.cache, total)
+    if hasattr(drafter, "cache"):
+        kv_cache.check_cache(drafter.cache, total)
     if streamer is not None:
         streamer.put(input_ids.cpu())
     with torch.inference_mode():
@@ -65,6 +65,14 @@ def _decode(model, draft_model, config: TreeConfig, input_ids, logits_processor,
     return result.sequences
 
 
+TREE_ARGS = ("nodes", "threshold", "max_depth", "strategy", "verifier", "static_tree")
+
+
+def tree_config(**given) -> TreeConfig:
+    """A TreeConfig from the arguments a user passed (None = the default)."""
+    return TreeConfig(**{k: v for k, v in given.items() if v is not None})
+
+
 def speculative_generate(
     model,
     input_ids,
@@ -74,52 +82,51 @@ def speculative_generate(
     synced_gpus=False,
     streamer=None,
     draft_model=None,
-    nodes: int = TreeConfig.nodes,
-    threshold: float = TreeConfig.threshold,
-    max_depth: int = TreeConfig.max_depth,
+    nodes=None,
+    threshold=None,
+    max_depth=None,
+    strategy=None,
+    verifier=None,
+    static_tree=None,
     generator: torch.Generator | None = None,
     **model_kwargs,
 ):
     """Use as ``model.generate(**inputs, custom_generate=speculative_generate, draft_model=draft)``
-    on any transformers causal LM. (generate() does not hand a ``streamer`` to a custom_generate
-    callable: to stream, use :func:`speculative` or :class:`SpeculativeGenerator`.)"""
-    config = TreeConfig(nodes=nodes, threshold=threshold, max_depth=max_depth)
+    on any transformers causal LM; ``nodes``, ``threshold``, ``max_depth``, ``strategy``,
+    ``verifier`` and ``static_tree`` are :class:`TreeConfig`'s; ``generator`` seeds sampling.
+    (generate() does not hand a ``streamer`` to a custom_generate callable: to stream, use
+    :func:`speculative` or :class:`SpeculativeGenerator`.)"""
+    config = tree_config(nodes=nodes, threshold=threshold, max_depth=max_depth, strategy=strategy,
+                         verifier=verifier, static_tree=static_tree)
     return _decode(model, draft_model, config, input_ids, logits_processor, stopping_criteria,
                    generation_config, streamer, generator, model_kwargs)
 
 
-def _bound(draft_model, config: TreeConfig, streamer, generator, sink: list | None = None):
+def _bound(draft_model, config: TreeConfig, streamer, generator):
     """A custom_generate callable with opttree's arguments bound (and the user's streamer)."""
 
     def custom_generate(model, input_ids, logits_processor, stopping_criteria, generation_config,
                         synced_gpus=False, **model_kwargs):
         model_kwargs.pop("streamer", None)
-        out = _decode(model, draft_model, config, input_ids, logits_processor, stopping_criteria,
-                      generation_config, streamer, generator, model_kwargs)
-        if sink is not None:
-            sink.append(out.stats if isinstance(out, SpeculativeDecoderOnlyOutput) else None)
-        return out
+        return _decode(model, draft_model, config, input_ids, logits_processor, stopping_criteria,
+                       generation_config, streamer, generator, model_kwargs)
 
     return custom_generate
 
 
 class SpeculativeGenerationMixin:
-    """Adds ``draft_model=``, ``nodes=``, ``threshold=``, ``max_depth=`` and ``generator=`` to
-    generate(); without ``draft_model`` generate() is untouched."""
+    """Adds ``draft_model=``, the :class:`TreeConfig` arguments and ``generator=`` to generate();
+    without ``draft_model`` generate() is untouched."""
 
-    def generate(self, *args, draft_model=None, nodes=None, threshold=None, max_depth=None, generator=None, **kwargs):
+    def generate(self, *args, draft_model=None, generator=None, **kwargs):
+        given = {k: kwargs.pop(k) for k in TREE_ARGS if k in kwargs}
         if draft_model is None:
-            if any(v is not None for v in (nodes, threshold, max_depth, generator)):
-                raise ValueError("nodes/threshold/max_depth/generator need draft_model=")
+            if given or generator is not None:
+                raise ValueError(f"{sorted(given) or ['generator']} need draft_model=")
             return super().generate(*args, **kwargs)
-        config = _tree_config(nodes, threshold, max_depth)
         streamer = kwargs.pop("streamer", None)
-        return super().generate(*args, custom_generate=_bound(draft_model, config, streamer, generator), **kwargs)
-
-
-def _tree_config(nodes, threshold, max_depth) -> TreeConfig:
-    given = {k: v for k, v in dict(nodes=nodes, threshold=threshold, max_depth=max_depth).items() if v is not None}
-    return TreeConfig(**given)
+        bound = _bound(draft_model, tree_config(**given), streamer, generator)
+        return super().generate(*args, custom_generate=bound, **kwargs)
 
 
 def speculative(model):
@@ -133,8 +140,8 @@ def speculative(model):
         return model
     if not hasattr(model, "generate"):
         raise TypeError(f"{cls.__name__} has no generate(); pass a causal LM such as AutoModelForCausalLM")
-    model.__class__ = type(cls.__name__, (SpeculativeGenerationMixin, cls), {"__module__": cls.__module__,
-                                                                         "__qualname__": cls.__qualname__})
+    model.__class__ = type(cls.__name__, (SpeculativeGenerationMixin, cls),
+                           {"__module__": cls.__module__, "__qualname__": cls.__qualname__})
     return model
 
 
@@ -146,20 +153,21 @@ class SpeculativeGenerator:
     >>> gen.last_stats.mean_accepted_tokens
     """
 
-    def __init__(self, target, draft, nodes: int = TreeConfig.nodes, threshold: float = TreeConfig.threshold,
-                 max_depth: int = TreeConfig.max_depth, tokenizer=None, draft_tokenizer=None):
-        check_pair(target, draft, tokenizer, draft_tokenizer)
+    def __init__(self, target, draft, nodes=None, threshold=None, max_depth=None, strategy=None, verifier=None,
+                 static_tree=None, tokenizer=None, draft_tokenizer=None):
+        if not isinstance(draft, str):
+            check_pair(target, draft, tokenizer, draft_tokenizer)
         self.target = target
         self.draft = draft
-        self.config = TreeConfig(nodes=nodes, threshold=threshold, max_depth=max_depth)
+        self.config = tree_config(nodes=nodes, threshold=threshold, max_depth=max_depth, strategy=strategy,
+                                  verifier=verifier, static_tree=static_tree)
         self.last_stats: GenerationStats | None = None
 
     def generate(self, inputs=None, generator: torch.Generator | None = None, **kwargs):
         streamer = kwargs.pop("streamer", None)
         want_dict = kwargs.pop("return_dict_in_generate", False)
-        sink: list = []
         out = self.target.generate(
-            inputs, custom_generate=_bound(self.draft, self.config, streamer, generator, sink),
+            inputs, custom_generate=_bound(self.draft, self.config, streamer, generator),
             return_dict_in_generate=True, **kwargs,
         )
         self.last_stats = out.stats

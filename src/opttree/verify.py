@@ -58,6 +58,15 @@ def walk_tree(tree: DraftTree, logits: torch.Tensor, choose: Choose) -> Acceptan
         node = child
 
 
+def verify(built, tree: DraftTree, logits: torch.Tensor, choose: Choose, config) -> Acceptance:
+    """Dispatch on ``config.verifier``. built: the step's BuiltTree (``built.draft_probs`` holds the
+    draft's q where a verifier needs it); tree: its tree on the target's device;
+    logits: [n + 1, vocab] float32, the target's raw logits (row 0 = root)."""
+    if config.verifier == "match":
+        return walk_tree(tree, logits, choose)
+    raise ValueError(f"unknown verifier {config.verifier!r}")
+
+
 def greedy_choice(scores: torch.Tensor, generator=None) -> int:
     return int(torch.argmax(scores))
 
