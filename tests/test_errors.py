@@ -1,0 +1,109 @@
+"""Bad input gets a clear error that names the fix."""
+
+import pytest
+import torch
+import transformers as tf
+
+from models import tiny_model
+from opttree import SpeculativeGenerator, TreeConfig, speculative_generate
+
+
+def ids(n=6, batch=1):
+    return torch.randint(3, 90, (batch, n), generator=torch.Generator().manual_seed(0))
+
+
+def run(target, draft, inputs, **kw):
+    return target.generate(inputs, max_new_tokens=5, do_sample=False, custom_generate=speculative_generate,
+                           draft_model=draft, **kw)
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(nodes=0), "nodes must be an integer >= 1"),
+    (dict(nodes=2.5), "nodes must be an integer >= 1"),
+    (dict(threshold=-0.1), "threshold must be a finite number >= 0"),
+    (dict(threshold=float("nan")), "threshold must be a finite number >= 0"),
+    (dict(max_depth=0), "max_depth must be an integer >= 1"),
+    (dict(strategy="nope"), "strategy must be one of"),
+    (dict(verifier="nope"), "verifier must be one of"),
+])
+def test_invalid_tree_settings(kw, match):
+    with pytest.raises(ValueError, match=match):
+        TreeConfig(**kw)
+    target = tiny_model("llama")
+    with pytest.raises(ValueError, match=match):
+        run(target, target, ids(), **kw)
+
+
+def test_vocabulary_mismatch():
+    target = tiny_model("llama")
+    config = target.config.__class__(**{**target.config.to_dict(), "vocab_size": 120})
+    draft = tf.AutoModelForCausalLM.from_config(config)
+    with pytest.raises(ValueError, match="vocabularies differ.*target's tokenizer"):
+        run(target, draft, ids())
+    with pytest.raises(ValueError, match="vocabularies differ"):
+        SpeculativeGenerator(target, draft)
+
+
+def test_tokenizer_mismatch():
+    target = tiny_model("llama")
+
+    class Tok:
+        def __init__(self, vocab):
+            self.vocab = vocab
+
+        def get_vocab(self):
+            return self.vocab
+
+    with pytest.raises(ValueError, match="different ids"):
+        SpeculativeGenerator(target, target, tokenizer=Tok({"a": 0}), draft_tokenizer=Tok({"a": 1}))
+
+
+@pytest.mark.parametrize("impl", ["flash_attention_2", "flex_attention"])
+def test_attention_backend_that_ignores_tree_masks(impl):
+    target = tiny_model("llama")
+    draft = tiny_model("llama", seed=1)
+    draft.config._attn_implementation = impl  # as if loaded with attn_implementation=impl
+    with pytest.raises(ValueError, match="attn_implementation='sdpa'"):
+        run(target, draft, ids())
+    with pytest.raises(ValueError, match="the target model uses"):
+        run(draft, target, ids())
+
+
+def test_batch_larger_than_one():
+    target = tiny_model("llama")
+    with pytest.raises(NotImplementedError, match="one sequence at a time"):
+        run(target, target, ids(batch=2))
+
+
+def test_padded_prompt():
+    target = tiny_model("llama")
+    mask = torch.ones(1, 6, dtype=torch.long)
+    mask[0, 0] = 0
+    with pytest.raises(NotImplementedError, match="padded"):
+        run(target, target, ids(), attention_mask=mask)
+
+
+def test_prompt_longer_than_the_context():
+    target = tiny_model("gpt2")  # learned positions: n_positions = 256
+    with pytest.raises(ValueError, match="context holds 256.*shorten the prompt"):
+        run(target, target, ids(300))
+
+
+def test_missing_draft_model():
+    target = tiny_model("llama")
+    with pytest.raises(ValueError, match="needs draft_model="):
+        target.generate(ids(), max_new_tokens=3, custom_generate=speculative_generate)
+
+
+def test_tree_arguments_without_a_draft():
+    from opttree import speculative
+
+    model = speculative(tiny_model("llama"))
+    with pytest.raises(ValueError, match="need draft_model="):
+        model.generate(ids(), max_new_tokens=3, nodes=10)
+
+
+def test_static_cache_is_refused():
+    target = tiny_model("llama")
+    with pytest.raises(NotImplementedError, match="DynamicCache"):
+        run(target, target, ids(), cache_implementation="static")
