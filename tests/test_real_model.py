@@ -39,7 +39,7 @@ def smollm2():
 @pytest.fixture(scope="module")
 def real_draft(smollm2):
     target, _ = smollm2
-    if SHIPPED_DRAFT.is_dir():
+    if (SHIPPED_DRAFT / "opttree_draft.json").is_file():
         from opttree.distill import load_draft
 
         return load_draft(SHIPPED_DRAFT, target)
