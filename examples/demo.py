@@ -20,7 +20,7 @@ SHIPPED_DRAFT = Path(__file__).resolve().parents[1] / "drafts" / "smollm2-135m-d
 
 
 def load_draft(target):
-    if SHIPPED_DRAFT.is_dir():
+    if (SHIPPED_DRAFT / "opttree_draft.json").is_file():
         from opttree.distill import load_draft as load
 
         return load(SHIPPED_DRAFT, target), f"shipped draft ({SHIPPED_DRAFT.name})"
