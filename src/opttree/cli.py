@@ -7,7 +7,7 @@ import sys
 
 COMMANDS = {
     "distill": ("opttree.distill.cli", "train a same-vocabulary draft for a target"),
-    "bench": ("opttree.bench.__main__", "Spec-Bench side by side with plain generate() and HF assisted generation"),
+    "bench": ("opttree.bench.cli", "Spec-Bench side by side with plain generate() and HF assisted generation"),
 }
 
 

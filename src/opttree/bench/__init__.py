@@ -1,0 +1,25 @@
+"""``opttree bench``: Spec-Bench side by side with HF's own speculative methods, with pictures.
+
+Answers "how much faster is this for MY model pair, and why": plain ``generate()``, HF assisted
+generation with the same draft, HF prompt lookup and opttree run in ONE process, interleaved per
+prompt, greedy, batch 1, on Spec-Bench questions (Xia et al. 2024, github.com/hemingkx/Spec-Bench);
+every method's output is checked against plain greedy generate(). Command line::
+
+    python -m opttree.bench --questions question.jsonl --draft path/to/draft --out bench-out
+
+From Python, with models already loaded::
+
+    from opttree.bench import run_bench, load_questions
+    result = run_bench(target, draft, tokenizer, load_questions("question.jsonl")[:6], max_new_tokens=64)
+    print(result.markdown()); result.write("bench-out")
+"""
+
+from .methods import METHODS, Generated, Method, make_methods, parse_tree_spec
+from .questions import TASKS, Question, load_questions, select_questions
+from .report import BenchResult, Summary, summarise
+from .runner import TurnRecord, run_bench
+
+__all__ = [
+    "BenchResult", "Generated", "METHODS", "Method", "Question", "Summary", "TASKS", "TurnRecord",
+    "load_questions", "make_methods", "parse_tree_spec", "run_bench", "select_questions", "summarise",
+]

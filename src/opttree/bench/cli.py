@@ -1,0 +1,145 @@
+"""``python -m opttree.bench``: the command line of the benchmark (see ``--help``)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from ..config import STRATEGIES, VERIFIERS
+from .methods import METHODS, parse_tree_spec
+from .questions import TASKS, load_questions, select_questions
+
+logger = logging.getLogger("opttree.bench")
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+QUICK = {"per_category": 1, "max_new_tokens": 16, "warmup": 1}
+
+
+def _or_auto(cast):
+    def convert(text: str):
+        return text if text == "auto" else cast(text)
+
+    convert.__name__ = cast.__name__
+    return convert
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m opttree.bench",
+        description="Spec-Bench for YOUR model pair: plain generate(), HF assisted generation, HF prompt "
+                    "lookup and opttree side by side (greedy, batch 1), interleaved per prompt, every output "
+                    "checked against plain greedy generate(). Writes summary.md, records.jsonl, Spec-Bench "
+                    "answer files and plots. Exit code 1 if any method's output differs from plain.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--questions", required=True,
+                   help="Spec-Bench question file (data/spec_bench/question.jsonl from github.com/hemingkx/Spec-Bench)")
+    p.add_argument("--target", default="smollm2",
+                   help="'smollm2' (SmolLM2-135M-Instruct), a folder holding its GGUF file, or a from_pretrained path")
+    p.add_argument("--draft", default=None,
+                   help="an `opttree distill` folder, a from_pretrained path, or truncated:N "
+                        "(the target's first N layers)")
+    p.add_argument("--methods", default=",".join(METHODS),
+                   help="comma-separated: plain, assisted, lookup, opttree, opttree-lookup (plain is always run)")
+    p.add_argument("--categories", default=None,
+                   help=f"comma-separated Spec-Bench tasks ({', '.join(TASKS)}) or file categories (writing, ...)")
+    p.add_argument("--per-category", type=int, default=None, help="questions per category (default: all)")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--max-turns", type=int, default=None, help="turns per question (default: all)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed runs of every method before measuring")
+    tree = p.add_argument_group("opttree's tree (default: TreeConfig's)")
+    tree.add_argument("--nodes", type=_or_auto(int), default=None, help="node budget, or 'auto'")
+    tree.add_argument("--threshold", type=_or_auto(float), default=None, help="δ, or 'auto'")
+    tree.add_argument("--max-depth", type=int, default=None)
+    tree.add_argument("--strategy", default=None, help=f"one of {', '.join(STRATEGIES)}")
+    tree.add_argument("--verifier", default=None, help=f"one of {', '.join(VERIFIERS)}")
+    tree.add_argument("--opttree", action="append", default=[], metavar="SPEC",
+                      help="one more opttree method with these settings, e.g. 'nodes=16,threshold=0.2' (repeatable)")
+    hf = p.add_argument_group("HF methods")
+    hf.add_argument("--prompt-lookup", type=int, default=10, help="prompt_lookup_num_tokens")
+    hf.add_argument("--assistant-tokens", type=int, default=None, help="num_assistant_tokens (HF default 20)")
+    hf.add_argument("--assistant-schedule", default=None, choices=("heuristic", "heuristic_transient", "constant"),
+                    help="num_assistant_tokens_schedule (HF default heuristic)")
+    run = p.add_argument_group("run")
+    run.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
+    run.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (auto: cuda if present)")
+    run.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--out", default=None, help="output folder (default: bench-results/<UTC time>)")
+    run.add_argument("--quick", action="store_true",
+                     help="a couple of minutes: 1 question per category, 16 new tokens, 1 warm-up")
+    run.add_argument("--no-plots", action="store_true")
+    run.add_argument("--no-progress", action="store_true")
+    return p
+
+
+def _apply_quick(args, argv: list[str]) -> None:
+    """--quick sets what the user did not set explicitly."""
+    given = {a.split("=", 1)[0] for a in argv if a.startswith("--")}
+    for key, value in QUICK.items():
+        if "--" + key.replace("_", "-") not in given:
+            setattr(args, key, value)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    usage = parser()
+    args = usage.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if args.quick:
+        _apply_quick(args, argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    dtype = DTYPES[args.dtype]
+
+    from .models import load_draft_model, load_target
+    from .runner import run_bench
+
+    categories = [c.strip() for c in args.categories.split(",")] if args.categories else None
+    try:
+        questions = select_questions(load_questions(args.questions), categories, args.per_category)
+        extra_trees = [parse_tree_spec(s) for s in args.opttree]
+    except (OSError, ValueError) as error:
+        usage.error(str(error))
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    if args.draft is None and ({"assisted", "opttree"} & set(methods) or extra_trees):
+        logger.warning("no --draft given: skipping assisted and opttree (pass a distilled draft folder, or "
+                       "--draft truncated:N for a weak stand-in made of the target's first N layers)")
+        methods = [m for m in methods if m not in ("assisted", "opttree")]
+        extra_trees = []
+
+    t0 = time.perf_counter()
+    target, tokenizer = load_target(args.target, dtype, device)
+    draft = load_draft_model(args.draft, target, dtype, device)
+    logger.info("models loaded in %.1f s; %d questions, methods %s", time.perf_counter() - t0, len(questions),
+                ", ".join(methods))
+    tree = {"nodes": args.nodes, "threshold": args.threshold, "max_depth": args.max_depth,
+            "strategy": args.strategy, "verifier": args.verifier}
+    header = {"command": "python -m opttree.bench " + " ".join(argv), "target_spec": args.target,
+              "draft_spec": args.draft, "questions_file": str(args.questions),
+              "categories": ",".join(dict.fromkeys(q.group for q in questions)), "quick": args.quick}
+    result = run_bench(
+        target, draft, tokenizer, questions, methods=methods, max_new_tokens=args.max_new_tokens,
+        max_turns=args.max_turns, warmup=args.warmup, seed=args.seed,
+        tree={k: v for k, v in tree.items() if v is not None},
+        extra_trees=extra_trees, prompt_lookup_num_tokens=args.prompt_lookup,
+        num_assistant_tokens=args.assistant_tokens, assistant_schedule=args.assistant_schedule,
+        progress=not args.no_progress, header=header,
+    )
+    out = Path(args.out or Path("bench-results") / time.strftime("%Y%m%d-%H%M%S", time.gmtime()))
+    written = result.write(out, plots=not args.no_plots)
+    print(result.markdown())
+    print(f"written to {out}/: " + ", ".join(sorted(p.name for p in written.values())))
+    if not result.ok:
+        bad = sorted({r.method for r in result.mismatches})
+        print("\n" + "!" * 78 + f"\nFAILED: {', '.join(bad)} produced output different from plain greedy generate() "
+              f"on {len(result.mismatches)} turn(s); see records.jsonl (first_mismatch)\n" + "!" * 78,
+              file=sys.stderr)
+    return result.exit_code

@@ -1,0 +1,181 @@
+"""The decoding methods a benchmark compares, all through HF ``generate()``, greedy, batch 1.
+
+* ``plain``: ``generate()`` itself, the reference every other method must reproduce exactly;
+* ``assisted``: HF assisted generation with the same draft (``assistant_model=``), a chain draft;
+* ``lookup``: HF prompt lookup decoding (``prompt_lookup_num_tokens=``), no draft model;
+* ``opttree``: OPT-Tree draft trees (arXiv 2406.17276) via ``custom_generate=speculative_generate``.
+
+A :class:`Method` maps a prompt to a :class:`Generated`; the runner times the call. Tokens per
+step of the HF methods are read from the committed length each time generate() consults its
+stopping criteria, which it does once per target forward that emits tokens (plain: every token;
+assisted and lookup: every verification); opttree reports its steps in ``output.stats``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from transformers import StoppingCriteria, StoppingCriteriaList
+
+from ..integration import TREE_ARGS, speculative_generate, tree_config
+from ..stats import GenerationStats
+
+METHODS = ("plain", "assisted", "lookup", "opttree")
+
+
+@dataclass
+class Generated:
+    sequences: torch.Tensor  # [1, T + new] long: the prompt and the new tokens
+    accept_lengths: list[int]  # tokens emitted by each target forward that emitted any
+    stats: GenerationStats | None = None  # opttree's own record (trees, E(A), draft/verify time)
+
+
+@dataclass
+class Method:
+    """name: the column in the report; generate(input_ids [1, T] long, max_new_tokens) -> Generated."""
+
+    name: str
+    generate: Callable[[torch.Tensor, int], Generated]
+    settings: dict = field(default_factory=dict)  # written to the report's header
+    uses_draft: bool = False
+
+
+class StepRecorder(StoppingCriteria):
+    """Never stops; records the sequence length each time generate() checks whether to stop."""
+
+    def __init__(self):
+        self.lengths: list[int] = []
+
+    def __call__(self, input_ids, scores, **kwargs):  # input_ids: [1, L] long
+        self.lengths.append(int(input_ids.shape[1]))
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+    def accept_lengths(self, prompt_len: int) -> list[int]:
+        previous, out = prompt_len, []
+        for length in self.lengths:
+            out.append(length - previous)
+            previous = length
+        return out
+
+
+def greedy_kwargs(model, input_ids: torch.Tensor, max_new_tokens: int) -> dict:
+    """The arguments every method shares: greedy, no padding, the same length limit."""
+    config = model.generation_config
+    pad = config.pad_token_id if config.pad_token_id is not None else config.eos_token_id
+    if isinstance(pad, (list, tuple)):
+        pad = pad[0]
+    kwargs = dict(attention_mask=torch.ones_like(input_ids), do_sample=False, max_new_tokens=max_new_tokens,
+                  temperature=None, top_p=None, top_k=None)
+    if pad is not None:
+        kwargs["pad_token_id"] = pad
+    return kwargs
+
+
+def _hf_method(name: str, target, settings: dict, uses_draft: bool = False, **extra) -> Method:
+    def generate(input_ids, max_new_tokens):
+        recorder = StepRecorder()
+        out = target.generate(input_ids, stopping_criteria=StoppingCriteriaList([recorder]),
+                              **greedy_kwargs(target, input_ids, max_new_tokens), **extra)
+        return Generated(out, recorder.accept_lengths(input_ids.shape[1]))
+
+    return Method(name, generate, settings, uses_draft)
+
+
+def plain_method(target) -> Method:
+    return _hf_method("plain", target, {"generate": "greedy"})
+
+
+def assisted_method(target, draft, num_assistant_tokens: int | None = None, schedule: str | None = None) -> Method:
+    """HF assisted generation. Its draft length schedule lives in ``draft.generation_config``
+    (default: 20 tokens, "heuristic", which carries over from one generate() call to the next)."""
+    if num_assistant_tokens is not None:
+        draft.generation_config.num_assistant_tokens = num_assistant_tokens
+    if schedule is not None:
+        draft.generation_config.num_assistant_tokens_schedule = schedule
+    config = draft.generation_config
+    settings = {"num_assistant_tokens": config.num_assistant_tokens or "HF default",
+                "num_assistant_tokens_schedule": config.num_assistant_tokens_schedule or "HF default"}
+    return _hf_method("assisted", target, settings, uses_draft=True, assistant_model=draft)
+
+
+def lookup_method(target, num_tokens: int = 10, max_ngram_size: int | None = None) -> Method:
+    extra = {"prompt_lookup_num_tokens": num_tokens}
+    if max_ngram_size is not None:
+        extra["max_matching_ngram_size"] = max_ngram_size
+    return _hf_method("lookup", target, dict(extra), **extra)
+
+
+def opttree_method(target, draft, name: str = "opttree", **tree) -> Method:
+    """opttree through the public ``custom_generate=`` entry point; ``tree`` holds TreeConfig
+    arguments (nodes, threshold, max_depth, strategy, verifier). ``draft`` may be a model or
+    anything ``draft_model=`` accepts (e.g. ``"prompt_lookup"`` where that drafter exists)."""
+    unknown = set(tree) - set(TREE_ARGS)
+    if unknown:
+        raise ValueError(f"unknown tree settings {sorted(unknown)}; known: {', '.join(TREE_ARGS)}")
+    config = tree_config(**tree)  # validates now, not on the first prompt
+
+    def generate(input_ids, max_new_tokens):
+        out = target.generate(input_ids, custom_generate=speculative_generate, draft_model=draft,
+                              return_dict_in_generate=True, **{k: v for k, v in tree.items() if v is not None},
+                              **greedy_kwargs(target, input_ids, max_new_tokens))
+        return Generated(out.sequences, out.stats.accept_lengths, out.stats)
+
+    settings = {k: getattr(config, k) for k in ("nodes", "threshold", "max_depth", "strategy", "verifier")}
+    if isinstance(draft, str):
+        settings["draft"] = draft
+    return Method(name, generate, settings, uses_draft=not isinstance(draft, str))
+
+
+def parse_tree_spec(spec: str) -> dict:
+    """``"nodes=30,threshold=0.2,strategy=opt"`` -> TreeConfig arguments (numbers converted)."""
+    out = {}
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        key, sep, value = part.partition("=")
+        if not sep:
+            raise ValueError(f"bad tree setting {part!r}: write key=value, e.g. nodes=30")
+        key = key.strip().replace("-", "_")
+        for cast in (int, float):
+            try:
+                out[key] = cast(value)
+                break
+            except ValueError:
+                continue
+        else:
+            out[key] = value.strip()
+    return out
+
+
+def make_methods(names, target, draft, *, tree: dict | None = None, extra_trees: list[dict] | None = None,
+                 prompt_lookup_num_tokens: int = 10, num_assistant_tokens: int | None = None,
+                 assistant_schedule: str | None = None) -> list[Method]:
+    """Methods by name (``plain``, ``assisted``, ``lookup``, ``opttree``, ``opttree-lookup``);
+    ``Method`` objects pass through. Each dict of ``extra_trees`` adds one more opttree method."""
+    tree = dict(tree or {})
+    methods: list[Method] = []
+    for name in names:
+        if isinstance(name, Method):
+            methods.append(name)
+        elif name == "plain":
+            methods.append(plain_method(target))
+        elif name == "assisted":
+            methods.append(assisted_method(target, _need(draft, name), num_assistant_tokens, assistant_schedule))
+        elif name == "lookup":
+            methods.append(lookup_method(target, prompt_lookup_num_tokens))
+        elif name == "opttree":
+            methods.append(opttree_method(target, _need(draft, name), **tree))
+        elif name == "opttree-lookup":
+            methods.append(opttree_method(target, "prompt_lookup", name=name, **tree))
+        else:
+            raise ValueError(f"unknown method {name!r}; known: {', '.join(METHODS)}, opttree-lookup")
+    for spec in extra_trees or []:
+        label = ",".join(f"{k}={v}" for k, v in spec.items())
+        methods.append(opttree_method(target, _need(draft, "opttree"), name=f"opttree({label})", **{**tree, **spec}))
+    return methods
+
+
+def _need(draft, name: str):
+    if draft is None:
+        raise ValueError(f"method {name!r} needs a draft model (--draft PATH, or --draft truncated:N)")
+    return draft

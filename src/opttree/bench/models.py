@@ -1,0 +1,75 @@
+"""Loading the target and the draft from command-line strings.
+
+target: ``smollm2`` (the default: SmolLM2-135M-Instruct via :func:`opttree.smollm2.load_smollm2`),
+a folder holding SmolLM2's GGUF file, or anything ``from_pretrained`` takes.
+draft: a folder written by ``opttree distill`` (loaded with :func:`opttree.distill.load_draft`,
+which completes it from the target), any other ``from_pretrained`` folder, or ``truncated:N``: a
+copy of the target's first N layers (untrained, hence weak; for when no draft exists).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+DISTILLED_META = "opttree_draft.json"  # opttree.distill's metadata file (checked without importing it)
+
+
+def load_target(spec: str = "smollm2", dtype: torch.dtype = torch.float32, device: str = "cpu"):
+    """-> (model, tokenizer)"""
+    from ..smollm2 import GGUF_FILE, load_smollm2
+
+    if spec == "smollm2":
+        model, tokenizer = load_smollm2(dtype=dtype)
+    elif (Path(spec) / GGUF_FILE).is_file():
+        model, tokenizer = load_smollm2(spec, dtype=dtype)
+    else:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(spec)
+        model = AutoModelForCausalLM.from_pretrained(spec, dtype=dtype, attn_implementation="sdpa").eval()
+    return model.to(device), tokenizer
+
+
+def truncated_copy(target, num_layers: int):
+    """A copy of the target with only its first ``num_layers`` decoder layers (+ final norm, head)."""
+    try:
+        from ..drafters.truncated import truncated_draft
+    except ImportError:
+        truncated_draft = None
+    if truncated_draft is not None:
+        return truncated_draft(target, num_layers)
+    draft = copy.deepcopy(target)  # fallback for Llama-like models (model.model.layers)
+    config = draft.config
+    if not 1 <= num_layers <= config.num_hidden_layers:
+        raise ValueError(f"truncated:N needs 1 <= N <= {config.num_hidden_layers}, got {num_layers}")
+    draft.model.layers = draft.model.layers[:num_layers]
+    config.num_hidden_layers = num_layers
+    if getattr(config, "layer_types", None):
+        config.layer_types = config.layer_types[:num_layers]
+    return draft.eval()
+
+
+def load_draft_model(spec: str | None, target, dtype: torch.dtype = torch.float32, device: str = "cpu"):
+    """The draft named by ``spec`` (see the module docstring), or None."""
+    if not spec or spec == "none":
+        return None
+    if spec.startswith("truncated:"):
+        return truncated_copy(target, int(spec.split(":", 1)[1])).to(device=device, dtype=dtype)
+    path = Path(spec)
+    if (path / DISTILLED_META).is_file():
+        try:
+            from ..distill import load_draft
+        except ImportError as error:
+            logger.warning("%s looks like an opttree distilled draft but opttree.distill is unavailable (%s); "
+                           "loading it with from_pretrained", spec, error)
+        else:
+            return load_draft(path, target, dtype=dtype).to(device).eval()
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(spec, dtype=dtype, attn_implementation="sdpa").to(device).eval()

@@ -1,0 +1,282 @@
+"""What a benchmark found: per-category summaries, a markdown report, Spec-Bench answer files.
+
+Definitions (Spec-Bench's, greedy, batch 1):
+* tokens/s: Σ new tokens / Σ wall time of the generate() calls;
+* speedup: Σ wall time of plain generate() / Σ wall time of the method over the same turns
+  (the outputs being equal, this is also the ratio of tokens/s); "median" is the median of the
+  per-turn ratios, less sensitive to a single slow turn;
+* τ: mean accepted tokens per decoding step = Σ new tokens / Σ target forwards that emitted
+  tokens (each step's accepted draft tokens plus the target's bonus token; plain: 1.00);
+* step cost: mean time of one decoding step / plain's mean time per token, so that
+  speedup = τ / step cost exactly: the "why" (too few tokens per step, or too costly steps).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from .runner import REFERENCE, TurnRecord
+
+ALL = "all"
+
+
+@dataclass(frozen=True)
+class Summary:
+    group: str
+    method: str
+    turns: int
+    new_tokens: int
+    wall_time: float
+    tokens_per_second: float
+    speedup: float  # Σ plain time / Σ method time
+    median_speedup: float  # median over turns of plain time / method time
+    tau: float  # mean tokens per decoding step
+    step_cost: float  # mean time of one decoding step / plain's mean time per token: speedup = τ / step_cost
+    equal: int  # turns whose tokens equal plain generate()'s
+    mean_expected_length: float | None = None  # opttree: mean E(A) per step
+    mean_tree_size: float | None = None
+    draft_share: float | None = None  # opttree: drafting time / (drafting + verifying)
+
+    @property
+    def ok(self) -> bool:
+        return self.equal == self.turns
+
+
+def _summary(group: str, method: str, mine: list[TurnRecord], plain: dict) -> Summary:
+    time_sum = sum(r.wall_time for r in mine)
+    plain_sum = sum(plain[(r.question_index, r.turn)].wall_time for r in mine)
+    tokens = sum(r.new_tokens for r in mine)
+    steps = sum(r.steps for r in mine)
+    plain_tokens = sum(plain[(r.question_index, r.turn)].new_tokens for r in mine)
+    plain_per_token = plain_sum / plain_tokens if plain_tokens else float("nan")
+    ratios = [plain[(r.question_index, r.turn)].wall_time / r.wall_time for r in mine if r.wall_time > 0]
+    expected = [e for r in mine for e in r.expected_lengths]
+    sizes = [s for r in mine for s in r.tree_sizes]
+    draft = sum(r.draft_seconds or 0.0 for r in mine)
+    verify = sum(r.verify_seconds or 0.0 for r in mine)
+    return Summary(
+        group=group, method=method, turns=len(mine), new_tokens=tokens, wall_time=time_sum,
+        tokens_per_second=tokens / time_sum if time_sum > 0 else float("nan"),
+        speedup=plain_sum / time_sum if time_sum > 0 else float("nan"),
+        median_speedup=statistics.median(ratios) if ratios else float("nan"),
+        tau=tokens / steps if steps else float("nan"),
+        step_cost=time_sum / steps / plain_per_token if steps and plain_per_token > 0 else float("nan"),
+        equal=sum(1 for r in mine if r.matches_plain is not False),
+        mean_expected_length=sum(expected) / len(expected) if expected else None,
+        mean_tree_size=sum(sizes) / len(sizes) if sizes else None,
+        draft_share=draft / (draft + verify) if draft + verify > 0 else None,
+    )
+
+
+def summarise(records: list[TurnRecord], methods: list[str]) -> list[Summary]:
+    """One Summary per (group, method), groups in first-seen order, then the ``all`` rows."""
+    plain = {(r.question_index, r.turn): r for r in records if r.method == REFERENCE}
+    groups = list(dict.fromkeys(r.group for r in records))
+    out = []
+    for group in groups + [ALL]:
+        for method in methods:
+            mine = [r for r in records if r.method == method and group in (ALL, r.group)]
+            if mine:
+                out.append(_summary(group, method, mine, plain))
+    return out
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _model_info(model) -> dict | None:
+    if model is None:
+        return None
+    config = getattr(model, "config", None)
+    return {
+        "class": type(model).__name__,
+        "name_or_path": getattr(config, "_name_or_path", "") if config is not None else "",
+        "parameters": sum(p.numel() for p in model.parameters()) if hasattr(model, "parameters") else None,
+        "layers": getattr(config, "num_hidden_layers", None) if config is not None else None,
+        "dtype": str(getattr(model, "dtype", "")),
+        "device": str(getattr(model, "device", "")),
+        "attn_implementation": getattr(config, "_attn_implementation", None) if config is not None else None,
+    }
+
+
+def environment(target, draft, *, seed: int = 0) -> dict:
+    """Hardware, versions, threads, dtype and seed: what a timing depends on."""
+    import transformers
+
+    from .. import __version__
+
+    env = {
+        "date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "cpu": _cpu_name(),
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "opttree": __version__,
+        "torch_threads": torch.get_num_threads(),
+        "torch_interop_threads": torch.get_num_interop_threads(),
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "seed": seed,
+        "target": _model_info(target),
+        "draft": _model_info(draft),
+    }
+    load = getattr(os, "getloadavg", None)
+    if load is not None:
+        env["load_average_at_start"] = [round(x, 2) for x in load()]
+    return env
+
+
+def _fmt(x, spec=".2f") -> str:
+    return "–" if x is None or (isinstance(x, float) and x != x) else format(x, spec)
+
+
+def _count(n) -> str:
+    if not n:
+        return "?"
+    return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.1f} M" if n >= 1e6 else f"{n / 1e3:.1f} k"
+
+
+def _equal_cell(s: Summary) -> str:
+    if s.method == REFERENCE:
+        return "reference"
+    return f"✓ {s.equal}/{s.turns}" if s.ok else f"**✗ MISMATCH {s.turns - s.equal}/{s.turns}**"
+
+
+def markdown_table(summaries: list[Summary], groups: bool = True) -> str:
+    head = (["category"] if groups else []) + ["method", "turns", "tokens", "tokens/s", "speedup (Σt)",
+                                               "speedup (median)", "τ", "step cost", "mean E(A)", "tree", "draft %",
+                                               "greedy = plain"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for s in summaries:
+        row = ([s.group] if groups else []) + [
+            f"`{s.method}`", str(s.turns), str(s.new_tokens), _fmt(s.tokens_per_second, ".1f"),
+            _fmt(s.speedup) + "×", _fmt(s.median_speedup) + "×", _fmt(s.tau), _fmt(s.step_cost) + "×",
+            _fmt(s.mean_expected_length),
+            _fmt(s.mean_tree_size, ".1f"), _fmt(None if s.draft_share is None else 100 * s.draft_share, ".0f"),
+            _equal_cell(s),
+        ]
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+@dataclass
+class BenchResult:
+    records: list[TurnRecord]
+    methods: list[str]
+    header: dict = field(default_factory=dict)
+
+    def summaries(self) -> list[Summary]:
+        return summarise(self.records, self.methods)
+
+    @property
+    def mismatches(self) -> list[TurnRecord]:
+        return [r for r in self.records if r.matches_plain is False]
+
+    @property
+    def ok(self) -> bool:
+        """True when every method reproduced plain greedy generate() on every turn."""
+        return not self.mismatches
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.ok else 1
+
+    def markdown(self) -> str:
+        summaries = self.summaries()
+        overall = [s for s in summaries if s.group == ALL]
+        per_group = [s for s in summaries if s.group != ALL]
+        env = self.header.get("environment", {})
+        settings = self.header.get("settings", {})
+        out = ["# opttree bench: Spec-Bench, greedy, batch 1", ""]
+        if not self.ok:
+            bad = sorted({r.method for r in self.mismatches})
+            out += [f"> **FAILED: {len(self.mismatches)} turn(s) of {', '.join(bad)} differ from plain greedy "
+                    "generate(). Their speedups below do not count.**", ""]
+        out += [markdown_table(overall, groups=False), "", "## Per category", "",
+                markdown_table(per_group), "", "## Set-up", ""]
+        for key in ("date_utc", "cpu", "cpu_count", "cuda", "torch_threads", "torch_interop_threads", "platform",
+                    "python", "torch", "transformers", "opttree", "seed", "load_average_at_start"):
+            if key in env:
+                out.append(f"- {key}: {env[key]}")
+        for role in ("target", "draft"):
+            info = env.get(role)
+            if info:
+                out.append(f"- {role}: {info['class']} {info['name_or_path'] or ''} "
+                           f"({_count(info['parameters'])} parameters, "
+                           f"{info['layers']} layers, {info['dtype']}, {info['device']}, {info['attn_implementation']})")
+        for key, value in self.header.items():
+            if key not in ("environment", "settings", "methods"):
+                out.append(f"- {key}: {value}")
+        out.append("- settings: " + ", ".join(f"{k}={v}" for k, v in settings.items()))
+        for name, value in self.header.get("methods", {}).items():
+            out.append(f"- `{name}`: " + ", ".join(f"{k}={v}" for k, v in value.items()))
+        out += ["", "Speedup = Σ plain time / Σ method time over the same turns (median: of per-turn ratios); "
+                "τ = new tokens per target forward that emitted tokens (accepted + bonus); step cost = mean time of "
+                "one decoding step in units of plain generate()'s time per token, so speedup ≈ τ / step cost "
+                "(why a method is fast or slow: few tokens per step, or costly steps); E(A) = Σp̂ of each "
+                "verified tree; draft % = drafting share of opttree's draft + verify time. Warm-up runs excluded."]
+        return "\n".join(out) + "\n"
+
+    def spec_bench_answers(self, method: str) -> list[dict]:
+        """Spec-Bench's answer records for one method: one per question, per-turn lists in
+        ``choices[0]`` (``accept_lengths`` flattened over turns, as Spec-Bench's speed.py reads it)."""
+        rows: dict = {}
+        for r in self.records:
+            if r.method != method:
+                continue
+            row = rows.setdefault(r.question_index, {
+                "question_id": r.question_id, "category": r.category, "answer_id": f"{method}-{r.question_id}",
+                "model_id": method, "choices": [{"index": 0, "turns": [], "decoding_steps": [], "new_tokens": [],
+                                                  "wall_time": [], "accept_lengths": []}],
+                "tstamp": time.time(),
+            })
+            choice = row["choices"][0]
+            choice["turns"].append(r.text)
+            choice["decoding_steps"].append(r.steps)
+            choice["new_tokens"].append(r.new_tokens)
+            choice["wall_time"].append(r.wall_time)
+            choice["accept_lengths"].extend(r.accept_lengths)
+        return list(rows.values())
+
+    def write(self, out_dir: str | Path, plots: bool = True) -> dict[str, Path]:
+        """Write records.jsonl, answers/<method>.jsonl, summary.md, header.json and the plots."""
+        out = Path(out_dir)
+        (out / "answers").mkdir(parents=True, exist_ok=True)
+        written = {"records": out / "records.jsonl", "summary": out / "summary.md", "header": out / "header.json"}
+        with written["records"].open("w") as f:
+            for r in self.records:
+                f.write(json.dumps(asdict(r)) + "\n")
+        for method in self.methods:
+            path = out / "answers" / f"{_safe(method)}.jsonl"
+            with path.open("w") as f:
+                for row in self.spec_bench_answers(method):
+                    f.write(json.dumps(row) + "\n")
+            written[f"answers/{method}"] = path
+        written["summary"].write_text(self.markdown())
+        written["header"].write_text(json.dumps(self.header, indent=2, default=str) + "\n")
+        if plots:
+            from .plots import write_plots
+
+            written.update(write_plots(self, out))
+        return written
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_.=" else "_" for c in name)

@@ -1,0 +1,187 @@
+"""Run every method on every turn of every question, interleaved, and check greedy equality.
+
+For each question, each turn is run by every method before the next turn starts (the order of
+the methods rotates from one question to the next), so a machine that slows down or speeds up
+during the run affects every method alike. Turn k+1 continues the conversation with the *plain*
+method's answer to turn k, so that all methods see the same context. Every method's tokens are
+compared with plain generate()'s: a speedup with a different answer is a failure.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+from .methods import Method, make_methods
+from .questions import Question, as_question, prompt_ids
+
+logger = logging.getLogger(__name__)
+
+REFERENCE = "plain"
+
+
+@dataclass
+class TurnRecord:
+    """One method on one turn of one question (Spec-Bench's per-turn fields and ours)."""
+
+    method: str
+    question_id: int | str
+    category: str
+    group: str
+    turn: int  # 0-based
+    question_index: int  # position in the run (question ids need not be unique)
+    prompt_tokens: int
+    new_tokens: int
+    wall_time: float  # seconds of the generate() call
+    accept_lengths: list[int]  # tokens per decoding step (accepted + bonus)
+    tokens: list[int] = field(default_factory=list)  # the new token ids
+    text: str = ""
+    matches_plain: bool | None = None  # None for the reference itself
+    first_mismatch: int | None = None  # index of the first new token that differs from plain's
+    expected_lengths: list[float] = field(default_factory=list)  # opttree: E(A) of each step's tree
+    accepted: list[int] = field(default_factory=list)  # opttree: draft tokens accepted per step
+    tree_sizes: list[int] = field(default_factory=list)  # opttree: nodes verified per step
+    draft_seconds: float | None = None  # opttree: time spent drafting
+    verify_seconds: float | None = None  # opttree: time spent verifying
+
+    @property
+    def steps(self) -> int:
+        return len(self.accept_lengths)
+
+
+def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """Index of the first position where two token lists differ (None if equal)."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def _sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run_method(method: Method, input_ids: torch.Tensor, max_new_tokens: int, tokenizer=None, *,
+               question: Question, turn: int, question_index: int = 0, seed: int = 0) -> TurnRecord:
+    """Time one generate() call and turn its output into a TurnRecord."""
+    torch.manual_seed(seed)
+    _sync(input_ids.device)
+    start = time.perf_counter()
+    out = method.generate(input_ids, max_new_tokens)
+    _sync(input_ids.device)
+    seconds = time.perf_counter() - start
+    new = out.sequences[0, input_ids.shape[1]:].tolist()
+    record = TurnRecord(
+        method=method.name, question_id=question.question_id, category=question.category, group=question.group,
+        turn=turn, question_index=question_index, prompt_tokens=int(input_ids.shape[1]), new_tokens=len(new),
+        wall_time=seconds, accept_lengths=list(out.accept_lengths), tokens=new,
+        text=tokenizer.decode(new, skip_special_tokens=True) if tokenizer is not None else "",
+    )
+    if out.stats is not None:
+        record.expected_lengths = [s.expected_length for s in out.stats.steps]
+        record.accepted = [s.accepted for s in out.stats.steps]
+        record.tree_sizes = [s.tree_size for s in out.stats.steps]
+        record.draft_seconds = sum(s.draft_seconds for s in out.stats.steps)
+        record.verify_seconds = sum(s.verify_seconds for s in out.stats.steps)
+    if sum(record.accept_lengths) != record.new_tokens:
+        logger.warning("%s: accept lengths sum to %d but %d tokens were generated", method.name,
+                       sum(record.accept_lengths), record.new_tokens)
+    return record
+
+
+def _progress(total: int, enabled: bool):
+    if not enabled:
+        return None
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, unit="run", desc="bench")
+
+
+def run_bench(target, draft, tokenizer, questions: Sequence, *,
+              methods: Sequence = ("plain", "assisted", "lookup", "opttree"), max_new_tokens: int = 128,
+              max_turns: int | None = None, warmup: int = 1, seed: int = 0,
+              tree: dict | None = None, extra_trees: list[dict] | None = None, prompt_lookup_num_tokens: int = 10,
+              num_assistant_tokens: int | None = None, assistant_schedule: str | None = None,
+              progress: bool = True, header: dict | None = None,
+              on_record: Callable[[TurnRecord], None] | None = None) -> "BenchResult":
+    """Benchmark already-loaded models on Spec-Bench-style questions; returns a BenchResult.
+
+    target, draft: causal LMs (draft may be None if no method needs one); tokenizer: has
+    ``encode``, ``decode`` and ``apply_chat_template`` (or no ``chat_template``: a plain transcript);
+    questions: Question objects or Spec-Bench rows (``question_id``, ``category``, ``turns``);
+    methods: names (see :func:`~opttree.bench.methods.make_methods`) or Method objects; ``plain``
+    is added first if missing, as every other method is checked against it.
+    warmup: runs of every method on the first question's first turn, not recorded.
+    """
+    from .report import BenchResult, environment
+
+    methods = list(methods)
+    names = [m.name if isinstance(m, Method) else m for m in methods]
+    if REFERENCE not in names:
+        methods.insert(0, REFERENCE)
+    methods = make_methods(methods, target, draft, tree=tree, extra_trees=extra_trees,
+                           prompt_lookup_num_tokens=prompt_lookup_num_tokens,
+                           num_assistant_tokens=num_assistant_tokens, assistant_schedule=assistant_schedule)
+    if len({m.name for m in methods}) != len(methods):
+        raise ValueError(f"method names must be unique, got {[m.name for m in methods]}")
+    questions = [as_question(q) for q in questions]
+    if not questions:
+        raise ValueError("no questions to run")
+    device = target.device
+    reference = next(m for m in methods if m.name == REFERENCE)
+
+    def ids_for(turns, answers) -> torch.Tensor:  # -> [1, T] long
+        return torch.tensor([prompt_ids(tokenizer, turns, answers)], dtype=torch.long, device=device)
+
+    # warm-up: every method once or more on the first prompt; nothing recorded
+    warm_ids = ids_for(questions[0].turns[:1], [])
+    for _ in range(warmup):
+        for method in methods:
+            method.generate(warm_ids, min(max_new_tokens, 32))
+
+    turns_of = [q.turns[:max_turns] if max_turns else q.turns for q in questions]
+    bar = _progress(sum(len(t) for t in turns_of) * len(methods), progress)
+    records: list[TurnRecord] = []
+    for index, (question, turns) in enumerate(zip(questions, turns_of)):
+        answers: list[str] = []
+        for turn in range(len(turns)):
+            input_ids = ids_for(turns[:turn + 1], answers)
+            shift = index % len(methods)
+            order = methods[shift:] + methods[:shift]
+            by_name = {}
+            for method in order:
+                if bar is not None:
+                    bar.set_postfix_str(f"q{question.question_id} t{turn + 1} {method.name}")
+                by_name[method.name] = run_method(method, input_ids, max_new_tokens, tokenizer,
+                                                  question=question, turn=turn, question_index=index, seed=seed)
+                if bar is not None:
+                    bar.update(1)
+            plain = by_name[reference.name]
+            for method in methods:
+                record = by_name[method.name]
+                if method is not reference:
+                    record.first_mismatch = first_difference(record.tokens, plain.tokens)
+                    record.matches_plain = record.first_mismatch is None
+                    if not record.matches_plain:
+                        logger.error("GREEDY MISMATCH: %s differs from plain generate() on question %s turn %d "
+                                     "at new token %d", method.name, question.question_id, turn + 1,
+                                     record.first_mismatch)
+                records.append(record)
+                if on_record is not None:
+                    on_record(record)
+            answers.append(plain.text if tokenizer is not None else "")
+    if bar is not None:
+        bar.close()
+    info = dict(header or {})
+    info.setdefault("environment", environment(target, draft, seed=seed))
+    info["settings"] = {"max_new_tokens": max_new_tokens, "max_turns": max_turns, "warmup": warmup, "seed": seed,
+                        "questions": len(questions), "greedy": True, "batch_size": 1}
+    info["methods"] = {m.name: m.settings for m in methods}
+    return BenchResult(records=records, methods=[m.name for m in methods], header=info)

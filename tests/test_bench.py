@@ -1,0 +1,216 @@
+"""opttree bench on tiny random models: records, the greedy-equality check, tables, plots, CLI."""
+
+import json
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import pytest
+import torch
+
+from models import peaked, tiny_model
+from opttree import DraftTree
+from opttree.bench import Generated, Method, load_questions, run_bench, select_questions
+from opttree.bench import cli, models as bench_models
+from opttree.bench.methods import StepRecorder, parse_tree_spec
+from opttree.bench.questions import messages_for, prompt_ids
+from opttree.bench.runner import first_difference
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+QUESTIONS = [
+    {"question_id": 1, "category": "writing", "turns": ["Write a poem.", "Shorter."]},
+    {"question_id": 2, "category": "qa", "turns": ["Why is the sky blue?"]},
+]
+
+
+class CharTokenizer:
+    """Just enough of a tokenizer for the bench: a chat template, encode, decode (ids 3..92)."""
+
+    chat_template = "fake"
+
+    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True):
+        text = "".join(f"<{m['role'][0]}>{m['content']}" for m in messages)
+        return text + ("<a>" if add_generation_prompt else "")
+
+    def encode(self, text, add_special_tokens=False):
+        return [3 + ord(c) % 90 for c in text]
+
+    def decode(self, ids, skip_special_tokens=False):
+        return "".join(chr(33 + i % 90) for i in ids)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Models this small run fastest on one thread (and ~10x slower on two busy cores)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target = peaked(tiny_model("llama", seed=0), scale=30.0)
+    draft = peaked(tiny_model("llama", seed=0), scale=30.0)  # same weights: the draft is always right
+    return target, draft
+
+
+@pytest.fixture(scope="module")
+def result(pair):
+    target, draft = pair
+    return run_bench(target, draft, CharTokenizer(), QUESTIONS, max_new_tokens=10, warmup=1, progress=False,
+                     tree={"nodes": 8, "threshold": 0.1, "max_depth": 4})
+
+
+def test_records_are_well_formed_and_equal_to_plain(result):
+    assert result.methods == ["plain", "assisted", "lookup", "opttree"]
+    assert len(result.records) == 3 * 4  # (2 + 1 turns) x 4 methods
+    assert result.ok and result.exit_code == 0
+    for r in result.records:
+        assert r.new_tokens == len(r.tokens) == sum(r.accept_lengths) > 0
+        assert r.wall_time > 0 and all(a >= 1 for a in r.accept_lengths)
+        assert r.matches_plain is (None if r.method == "plain" else True)
+        if r.method == "plain":
+            assert set(r.accept_lengths) == {1}
+        if r.method == "opttree":
+            assert len(r.expected_lengths) == len(r.accepted) == len(r.tree_sizes) == r.steps
+            assert [a + 1 for a in r.accepted][:-1] == r.accept_lengths[:-1]
+    # every method saw the same prompt; turn 2 carries the plain answer to turn 1
+    by_turn = {}
+    for r in result.records:
+        by_turn.setdefault((r.question_id, r.turn), set()).add(r.prompt_tokens)
+    assert all(len(v) == 1 for v in by_turn.values())
+    plain = {(r.question_id, r.turn): r for r in result.records if r.method == "plain"}
+    turn2 = prompt_ids(CharTokenizer(), QUESTIONS[0]["turns"], [plain[(1, 0)].text])
+    assert plain[(1, 1)].prompt_tokens == len(turn2) > plain[(1, 0)].prompt_tokens + plain[(1, 0)].new_tokens
+    # an always-right draft is accepted: opttree and assisted take several tokens per step
+    summary = {(s.group, s.method): s for s in result.summaries()}
+    assert summary[("all", "opttree")].tau > 2 and summary[("all", "assisted")].tau > 2
+    assert summary[("all", "plain")].tau == 1.0 and summary[("all", "plain")].speedup == pytest.approx(1.0)
+    for s in summary.values():  # the decomposition that explains a speedup
+        assert s.speedup == pytest.approx(s.tau / s.step_cost)
+    assert {s.group for s in result.summaries()} == {"mt_bench", "qa", "all"}
+
+
+def test_files_tables_and_plots_are_written(result, tmp_path):
+    written = result.write(tmp_path)
+    lines = [json.loads(x) for x in (tmp_path / "records.jsonl").read_text().splitlines()]
+    assert len(lines) == 12 and {"new_tokens", "wall_time", "accept_lengths", "matches_plain"} <= set(lines[0])
+    answers = [json.loads(x) for x in (tmp_path / "answers" / "opttree.jsonl").read_text().splitlines()]
+    assert [a["question_id"] for a in answers] == [1, 2]
+    choice = answers[0]["choices"][0]
+    assert len(choice["new_tokens"]) == len(choice["wall_time"]) == len(choice["turns"]) == 2
+    assert sum(choice["accept_lengths"]) == sum(choice["new_tokens"])
+    summary = (tmp_path / "summary.md").read_text()
+    assert "| `opttree` |" in summary and "| mt_bench | `assisted` |" in summary and "MISMATCH" not in summary
+    assert "torch_threads" in summary and json.loads((tmp_path / "header.json").read_text())["environment"]["torch"]
+    for name in ("speedup_by_category.png", "accept_lengths.png", "expected_vs_accepted.png"):
+        assert (tmp_path / name).read_bytes()[:8] == PNG, name
+
+
+def broken(target):
+    """plain generate() with its last token changed: a fast method with a wrong answer."""
+
+    def generate(input_ids, max_new_tokens):
+        out = target.generate(input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False,
+                              max_new_tokens=max_new_tokens)
+        out = out.clone()
+        out[0, -1] = (out[0, -1] + 1) % 96
+        return Generated(out, [1] * (out.shape[1] - input_ids.shape[1]))
+
+    return Method("broken", generate)
+
+
+def test_equality_check_fails_loudly(pair, tmp_path):
+    target, _ = pair
+    result = run_bench(target, None, CharTokenizer(), QUESTIONS[1:], methods=["plain", "lookup", broken(target)],
+                       max_new_tokens=6, warmup=0, progress=False)
+    assert not result.ok and result.exit_code == 1
+    (bad,) = result.mismatches
+    assert bad.method == "broken" and bad.first_mismatch == bad.new_tokens - 1
+    assert all(r.matches_plain for r in result.records if r.method == "lookup")
+    text = result.markdown()
+    assert "FAILED" in text and "✗ MISMATCH 1/1" in text and "✓ 1/1" in text
+    result.write(tmp_path)
+    assert (tmp_path / "speedup_by_category.png").read_bytes()[:8] == PNG
+
+
+def test_first_difference_and_helpers():
+    assert first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert first_difference([1, 2], [1, 2, 3]) == 2
+    assert parse_tree_spec("nodes=16, threshold=0.25,strategy=opt") == {"nodes": 16, "threshold": 0.25, "strategy": "opt"}
+    with pytest.raises(ValueError):
+        parse_tree_spec("nodes")
+    recorder = StepRecorder()
+    for length in (5, 8, 9):
+        recorder(torch.zeros(1, length, dtype=torch.long), None)
+    assert recorder.accept_lengths(4) == [1, 3, 1]
+
+
+def test_question_selection(tmp_path):
+    rows = [{"question_id": i, "category": c, "turns": [f"q{i}"]}
+            for i, c in enumerate(["writing", "writing", "coding", "qa", "qa", "rag"])]
+    path = tmp_path / "q.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    questions = load_questions(path)
+    chosen = select_questions(questions, per_category=2)
+    assert [(q.question_id, q.group) for q in chosen] == [(0, "mt_bench"), (2, "mt_bench"), (3, "qa"), (4, "qa"), (5, "rag")]
+    assert [q.question_id for q in select_questions(questions, ["writing"])] == [0, 1]
+    with pytest.raises(ValueError, match="known"):
+        select_questions(questions, ["poetry"])
+    with pytest.raises(FileNotFoundError, match="Spec-Bench"):
+        load_questions(tmp_path / "missing.jsonl")
+    assert [m["role"] for m in messages_for(["a", "b"], ["x"])] == ["user", "assistant", "user"]
+
+
+def test_step_stats_carry_the_verified_tree(pair):
+    from opttree import speculative_generate
+
+    target, draft = pair
+    ids = torch.tensor([[5, 9, 14, 20, 7]])
+    out = target.generate(ids, do_sample=False, max_new_tokens=12, custom_generate=speculative_generate,
+                          draft_model=draft, nodes=8, threshold=0.1, return_dict_in_generate=True)
+    new = out.sequences[0, ids.shape[1]:].tolist()
+    done = 0
+    for step in out.stats.steps:
+        assert isinstance(step.tree, DraftTree) and len(step.tree) == step.tree_size
+        assert len(step.accepted_nodes) == step.accepted
+        if step.accepted_nodes:  # the accepted nodes form a root-to-node path and carry the emitted tokens
+            assert step.tree.path_to(step.accepted_nodes[-1]) == step.accepted_nodes
+            n = min(step.accepted, step.emitted)
+            assert step.tree.tokens[step.accepted_nodes].tolist()[:n] == new[done:done + n]
+        done += step.emitted
+
+
+def test_cli_runs_end_to_end_and_reports_mismatch_in_exit_code(pair, tmp_path, monkeypatch):
+    target, draft = pair
+    path = tmp_path / "q.jsonl"
+    path.write_text("\n".join(json.dumps(q) for q in QUESTIONS) + "\n")
+    monkeypatch.setattr(bench_models, "load_target", lambda spec, dtype, device: (target, CharTokenizer()))
+    monkeypatch.setattr(bench_models, "load_draft_model", lambda spec, t, dtype, device: draft)
+    out = tmp_path / "out"
+    code = cli.main(["--questions", str(path), "--draft", "x", "--quick", "--max-new-tokens", "6", "--no-progress",
+                     "--methods", "plain,assisted,lookup,opttree,opttree-lookup", "--nodes", "6",
+                     "--opttree", "nodes=3,threshold=0.2", "--out", str(out), "--device", "cpu"])
+    assert code == 0
+    summary = (out / "summary.md").read_text()
+    assert "`opttree(nodes=3,threshold=0.2)`" in summary and "quick: True" in summary
+    records = [json.loads(x) for x in (out / "records.jsonl").read_text().splitlines()]
+    assert {r["method"] for r in records} == {"plain", "assisted", "lookup", "opttree", "opttree-lookup",
+                                              "opttree(nodes=3,threshold=0.2)"}
+    assert max(len(r["accept_lengths"]) for r in records) <= 6  # --max-new-tokens beat --quick's 16
+    # a category the file lacks is a usage error (exit code 2), before any model is loaded
+    with pytest.raises(SystemExit) as error:
+        cli.main(["--questions", str(path), "--categories", "poetry"])
+    assert error.value.code == 2
+
+
+def test_truncated_draft_is_a_copy_of_the_first_layers(pair):
+    target, _ = pair
+    draft = bench_models.load_draft_model("truncated:1", target)
+    assert draft.config.num_hidden_layers == 1 and target.config.num_hidden_layers == 2
+    assert torch.equal(draft.model.layers[0].self_attn.q_proj.weight, target.model.layers[0].self_attn.q_proj.weight)
+    assert draft.model.layers[0].self_attn.q_proj.weight.data_ptr() != target.model.layers[0].self_attn.q_proj.weight.data_ptr()
