@@ -33,7 +33,10 @@ def spec_bench_prompts(count_per_category: int = 1) -> list[str]:
 def smollm2():
     from opttree.smollm2 import load_smollm2
 
-    return load_smollm2()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(threads, min(2, os.cpu_count() or 1)))
+    yield load_smollm2()
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
