@@ -1,0 +1,63 @@
+"""Two drafters as one: the draft's q is a mixture of a model drafter's and an n-gram drafter's.
+
+q = weight · q_ngram + (1 − weight) · q_model wherever the n-gram drafter found a match, and
+q_model alone where it found none (its row is all zeros there). The tree then holds the model's
+likely tokens and the text's repeated continuations side by side, ranked by one p̂. Lossless
+whatever the mixture: verification never trusts q, it only checks the tokens drafted from it
+(verify.py). Both drafters see every call (the n-gram one is model-free, so this costs nothing but
+the lookups) and keep their own state.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..tree import DraftTree
+
+
+class MixedDrafter:
+    """model_drafter, ngram_drafter: anything ``draft_model=`` accepts (a causal LM, a Drafter,
+    ``"prompt_lookup"``); weight: the n-gram share of q where it matched, in [0, 1]."""
+
+    def __init__(self, model_drafter, ngram_drafter="prompt_lookup", weight: float = 0.5):
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0.0 <= weight <= 1.0:
+            raise ValueError(f"weight must be a number in [0, 1] (the n-gram drafter's share of q), got {weight!r}")
+        self.model_drafter = model_drafter
+        self.ngram_drafter = ngram_drafter
+        self.weight = float(weight)
+
+    def for_target(self, target) -> "MixedDrafter":
+        """Fresh inner drafters bound to ``target`` (one per generate() call)."""
+        from . import make_drafter
+
+        mixed = MixedDrafter(make_drafter(self.model_drafter, target), make_drafter(self.ngram_drafter, target),
+                             self.weight)
+        mixed.context_length = getattr(mixed.model_drafter, "context_length", None)
+        return mixed
+
+    @property
+    def forwards(self) -> int:
+        return getattr(self.model_drafter, "forwards", 0) + getattr(self.ngram_drafter, "forwards", 0)
+
+    @property
+    def cache(self):
+        return self.model_drafter.cache
+
+    def _mix(self, model_q: torch.Tensor, ngram_q: torch.Tensor) -> torch.Tensor:
+        """model_q, ngram_q: [k, vocab] -> [k, vocab] on model_q's device."""
+        ngram_q = ngram_q.to(device=model_q.device, dtype=model_q.dtype)
+        matched = (ngram_q.sum(dim=-1, keepdim=True) > 0).to(model_q.dtype)  # [k, 1]
+        w = self.weight * matched
+        return w * ngram_q + (1 - w) * model_q
+
+    def root_probs(self, sequence: torch.Tensor) -> torch.Tensor:
+        """sequence: [T] long -> [vocab]."""
+        return self._mix(self.model_drafter.root_probs(sequence)[None], self.ngram_drafter.root_probs(sequence)[None])[0]
+
+    def expand(self, pool: DraftTree, frontier: torch.Tensor) -> torch.Tensor:
+        """frontier: [k] long pool ids -> [k, vocab]."""
+        return self._mix(self.model_drafter.expand(pool, frontier), self.ngram_drafter.expand(pool, frontier))
+
+    def commit(self, accepted_pool_ids: list[int]) -> None:
+        self.model_drafter.commit(accepted_pool_ids)
+        self.ngram_drafter.commit(accepted_pool_ids)
