@@ -109,7 +109,9 @@ def build_opt_tree(root_probs: torch.Tensor, expand: Expand, config: TreeConfig,
         )
         layer = torch.arange(start, len(pool), device=tokens.device)
         gains.append(pool.path_probs[best_nodes(pool.path_probs, budget)].sum().item())
-        if gains[-1] - gains[-2] <= config.threshold:
+        layer_threshold = getattr(config, "layer_threshold", None)  # threshold="auto": see budget.py
+        delta = layer_threshold(pool.path_probs, forwards) if layer_threshold else config.threshold
+        if gains[-1] - gains[-2] <= delta:
             break
 
     # 3. the final tree: the best `budget` nodes, re-indexed

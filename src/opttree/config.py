@@ -6,8 +6,8 @@ import math
 from dataclasses import dataclass
 
 # Known names; each module that adds one extends its tuple here.
-STRATEGIES = ("opt",)  # tree growth: see strategies.py
-VERIFIERS = ("match",)  # acceptance rule: see verify.py
+STRATEGIES = ("opt", "heap", "delayed", "chain", "static", "sampled")  # tree growth: see strategies.py
+VERIFIERS = ("match", "rrs", "traversal")  # acceptance rule: see verify.py, sampling.py
 
 
 @dataclass(frozen=True)
@@ -18,10 +18,16 @@ class TreeConfig:
                probability p̂ (the root is not counted).
     threshold: δ: drafting goes one layer deeper only while E(A) = Σp̂ of the best ``nodes``-node
                tree grows by more than δ.
+               ``nodes="auto"`` / ``threshold="auto"``: chosen each step for the most tokens per second
+               on this machine (measured latencies; see budget.py).
     max_depth: the deepest layer ever drafted.
-    strategy:  how the tree is grown; ``"opt"`` is OPT-Tree.
+    strategy:  how the tree is grown; ``"opt"`` is OPT-Tree; ``"heap"``, ``"delayed"``, ``"chain"``,
+               ``"static"``: see strategies.py; ``"sampled"`` (children drawn
+               from q, for the sampling verifiers): sampling.py.
     verifier:  how the target accepts tokens; ``"match"``: the target picks its own token at a
-               node (argmax, or a sample) and the walk follows the child that carries it.
+               node (argmax, or a sample) and the walk follows the child that carries it;
+               ``"rrs"`` (recursive rejection sampling) and ``"traversal"`` (Traversal
+               Verification): sampling.py. All are lossless; greedy decoding always matches.
     static_tree: for ``strategy="static"``: the tree as root-to-node paths of sibling ranks,
                e.g. ``((0,), (1,), (0, 0))``.
     """
@@ -34,9 +40,9 @@ class TreeConfig:
     static_tree: tuple | None = None
 
     def __post_init__(self):
-        if isinstance(self.nodes, bool) or not isinstance(self.nodes, int) or self.nodes < 1:
-            raise ValueError(f"nodes must be an integer >= 1 (the tree's node budget), got {self.nodes!r}")
-        if (
+        if self.nodes != "auto" and (isinstance(self.nodes, bool) or not isinstance(self.nodes, int) or self.nodes < 1):
+            raise ValueError(f"nodes must be an integer >= 1 (the tree's node budget) or 'auto', got {self.nodes!r}")
+        if self.threshold != "auto" and (
             isinstance(self.threshold, bool)
             or not isinstance(self.threshold, (int, float))
             or not math.isfinite(self.threshold)
@@ -44,7 +50,7 @@ class TreeConfig:
         ):
             raise ValueError(
                 f"threshold must be a finite number >= 0 (the minimum gain in E(A) that justifies "
-                f"drafting one more layer; 0.5 is a good start), got {self.threshold!r}"
+                f"drafting one more layer; 0.5 is a good start) or 'auto', got {self.threshold!r}"
             )
         if isinstance(self.max_depth, bool) or not isinstance(self.max_depth, int) or self.max_depth < 1:
             raise ValueError(f"max_depth must be an integer >= 1, got {self.max_depth!r}")

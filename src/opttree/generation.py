@@ -76,7 +76,7 @@ def speculative_decode(
         forwards_before = getattr(drafter, "forwards", 0)
         if depth_cap >= 1:
             root_probs = drafter.root_probs(sequence)
-            built = build_tree(root_probs, drafter.expand, config, depth_cap)
+            built = build_tree(root_probs, drafter.expand, config, depth_cap, generator=generator)
         else:
             built = BuiltTree(DraftTree.empty(sequence.device), torch.empty(0, dtype=torch.long))
         tree = DraftTree(built.tree.tokens.to(sequence.device), built.tree.parents.to(sequence.device),
@@ -85,15 +85,19 @@ def speculative_decode(
 
         # 2. verify: ONE target forward over the root and every tree node
         inputs = verification_inputs(int(sequence[-1]), tree, past_len, target.dtype)
-        logits = target_logits(target, inputs, cache)  # [n + 1, vocab]
+        logits = target_logits(target, inputs, cache).to(sequence.device)  # [n + 1, vocab], where generate() keeps ids
 
         # 3. walk the tree: the target's own token at the root and at each accepted node
-        def choose(emitted: list[int], row: torch.Tensor):
+        def process(emitted: list[int], row: torch.Tensor) -> torch.Tensor:  # the node's processed scores
             context = torch.cat([sequence, torch.tensor(emitted, dtype=sequence.dtype, device=sequence.device)])
-            scores = logits_processor(context[None, :], row[None, :])[0]
+            return logits_processor(context[None, :], row[None, :])[0]
+
+        def choose(emitted: list[int], row: torch.Tensor):
+            scores = process(emitted, row)
             return pick(scores, generator), scores
 
-        acceptance = verify(built, tree, logits, choose, config)
+        acceptance = verify(built, tree, logits, choose, config, process=process if do_sample else None,
+                            generator=generator)
         t2 = time.perf_counter()
 
         # 4. keep only the root and the accepted path in both caches
@@ -107,8 +111,10 @@ def speculative_decode(
         for token, scores, row in zip(acceptance.tokens, acceptance.scores, acceptance.logits):
             sequence = torch.cat([sequence, torch.tensor([token], dtype=sequence.dtype, device=sequence.device)])
             new.append(token)
-            scores_out.append(scores[None])
-            logits_out.append(row[None])
+            if output_scores:  # kept only on request: a [vocab] row per token adds up over long runs
+                scores_out.append(scores[None])
+            if output_logits:
+                logits_out.append(row[None])
             if bool(stopping_criteria(sequence[None, :], scores[None]).any()):
                 finished = True
                 break
@@ -127,7 +133,12 @@ def speculative_decode(
             draft_forwards=getattr(drafter, "forwards", 0) - forwards_before,
             draft_seconds=t1 - t0,
             verify_seconds=t2 - t1,
+            tree=tree,
+            accepted_nodes=list(acceptance.nodes),
         ))
+
+        if hasattr(config, "observe"):  # nodes/threshold="auto": refresh the latency model (budget.py)
+            config.observe(stats.steps[-1])
 
     if streamer is not None:
         streamer.end()

@@ -13,10 +13,12 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from .config import TreeConfig
 from .drafters import make_drafter
+from .drafters.model import ModelDrafter
 from .generation import speculative_decode
+from .sampling import draft_to_probs
 from .stats import GenerationStats
 from .validation import check_inputs, check_pair, context_length
-from . import kv_cache
+from . import budget, kv_cache
 
 
 @dataclass
@@ -31,6 +33,9 @@ def _decode(model, draft_model, config: TreeConfig, input_ids, logits_processor,
     if draft_model is None:
         raise ValueError("speculative generation needs draft_model=<a small causal LM with the target's vocabulary>")
     drafter = make_drafter(draft_model, model)
+    if generation_config.do_sample and isinstance(drafter, ModelDrafter) and drafter is not draft_model:
+        drafter.to_probs = draft_to_probs(logits_processor)  # the tree sees the q the verifier sees
+    config = budget.resolve(config, model, drafter)  # nodes/threshold="auto": measure this machine
     max_context = context_length(model)
     draft_context = getattr(drafter, "context_length", None)
     if draft_context is not None:
@@ -155,7 +160,7 @@ class SpeculativeGenerator:
 
     def __init__(self, target, draft, nodes=None, threshold=None, max_depth=None, strategy=None, verifier=None,
                  static_tree=None, tokenizer=None, draft_tokenizer=None):
-        if not isinstance(draft, str):
+        if not isinstance(draft, str) and not hasattr(draft, "root_probs"):  # a model, not a Drafter
             check_pair(target, draft, tokenizer, draft_tokenizer)
         self.target = target
         self.draft = draft

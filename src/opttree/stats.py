@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .tree import DraftTree
+
 
 @dataclass
 class StepStats:
@@ -15,6 +17,8 @@ class StepStats:
     draft_forwards: int  # draft-model forwards this step (the catch-up forward included)
     draft_seconds: float
     verify_seconds: float
+    tree: DraftTree | None = None  # the verified draft tree (tokens, parents, p̂), for a look at it
+    accepted_nodes: list[int] | None = None  # node ids of `tree` the target accepted, root to leaf
 
 
 @dataclass

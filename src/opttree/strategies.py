@@ -1,21 +1,279 @@
-"""Tree strategies behind one interface: ``build_tree(root_probs, expand, config, max_depth)``.
+"""Tree strategies behind one interface: ``build(root_probs, expand, config, max_depth) -> BuiltTree``.
 
 Each strategy grows a :class:`~opttree.builder.BuiltTree` from the draft's q at the root and an
-``expand(pool, frontier)`` callback (see builder.py). ``"opt"`` is OPT-Tree (builder.py).
+``expand(pool, frontier)`` callback (see builder.py). The pool a strategy hands to ``expand`` only
+ever grows by appending (pool ids are stable), every frontier node's parent was expanded before
+it (a model drafter has its ancestors in its cache), and ``BuiltTree.pool_ids`` index that pool.
+
+- ``"opt"``: OPT-Tree (Wang et al., arXiv 2406.17276), layer by layer; builder.py.
+- ``"heap"``: DySpec's greedy expansion (Xiong et al., arXiv 2410.11744): always expand the most
+  probable node that could still change the best tree, ``batch`` nodes per draft forward. The
+  result is the E(A)-optimal ``nodes``-node tree (within ``max_depth``) — not an approximation:
+  expansion only stops when no unexpanded node can have a child among the best ``nodes``.
+- ``"delayed"``: delayed tree expansion (arXiv "Dynamic Delayed Tree Expansion For Improved
+  Multi-Path Speculative Decoding"): a single path of ``delay`` draft-greedy tokens first, the
+  branching only below it (an OPT-Tree grown from the path's tip with the remaining budget).
+- ``"chain"``: one path of up to ``min(nodes, max_depth)`` draft-greedy tokens (classic
+  speculative decoding).
+- ``"sampled"``: children drawn from the draft's q (sampling.py), for the sampling verifiers.
+- ``"static"``: a fixed shape, ``config.static_tree`` (root-to-node paths of sibling ranks; default
+  :data:`~opttree.static_trees.DEFAULT_STATIC_TREE`), filled with the draft's ranked tokens.
+
+With ``nodes="auto"`` (an :class:`~opttree.budget.AutoTreeConfig`), :func:`build_tree` keeps the
+top-m nodes by p̂ that maximise the expected tokens per second, whatever the strategy.
 """
 
 from __future__ import annotations
 
+import math
+import time
+from dataclasses import replace
+
 import torch
 
-from .builder import BuiltTree, Expand, build_opt_tree
+from .builder import BuiltTree, Expand, best_nodes, build_opt_tree, top_children
 from .config import TreeConfig
+from .sampling import build_sampled_tree
+from .static_trees import DEFAULT_STATIC_TREE, check_paths
+from .tree import DraftTree
+
+HEAP_NODES_PER_FORWARD = 8  # "heap": expand about nodes / 8 nodes per draft forward (at least 1)
+DELAY = 2  # "delayed": tokens on the single path before the tree branches
+
+
+def _depth_cap(config: TreeConfig, max_depth: int | None) -> int:
+    return config.max_depth if max_depth is None else min(config.max_depth, max_depth)
+
+
+def _empty(device) -> BuiltTree:
+    return BuiltTree(DraftTree.empty(device), torch.empty(0, dtype=torch.long, device=device))
+
+
+def select(built: BuiltTree, keep: torch.Tensor) -> BuiltTree:
+    """The sub-tree of the nodes ``keep`` ([k] long, ascending tree indices, closed under parents)."""
+    tree = built.tree
+    remap = torch.full((len(tree),), -1, dtype=torch.long, device=keep.device)
+    remap[keep] = torch.arange(len(keep), device=keep.device)
+    old_parents = tree.parents[keep]
+    new_parents = torch.where(old_parents >= 0, remap[old_parents.clamp(min=0)], old_parents)
+    if bool((new_parents[old_parents >= 0] < 0).any()):
+        raise AssertionError("the kept nodes are not closed under parents; this is a bug")
+    new_tree = DraftTree(tree.tokens[keep], new_parents, tree.path_probs[keep])
+    draft_probs = {(-1 if i < 0 else int(remap[i])): q for i, q in built.draft_probs.items()
+                   if i < 0 or remap[i] >= 0}
+    return BuiltTree(new_tree, built.pool_ids[keep], list(built.expected_lengths), built.draft_forwards, draft_probs)
+
+
+def keep_best(built: BuiltTree, m: int) -> BuiltTree:
+    """The top-``m`` nodes by p̂ (ties: the earlier node, so parents before children)."""
+    if m >= len(built.tree):
+        return built
+    return select(built, best_nodes(built.tree.path_probs, m))
+
+
+def _from_pool(pool: DraftTree, keep: torch.Tensor, q_of_pool: dict, gains: list[float], forwards: int) -> BuiltTree:
+    """A BuiltTree of the pool nodes ``keep`` ([k] long, ascending, closed under parents)."""
+    whole = BuiltTree(pool, torch.arange(len(pool), device=pool.tokens.device), gains, forwards, dict(q_of_pool))
+    return select(whole, keep)
+
+
+# ---------------------------------------------------------------------------------------------
+# "heap": DySpec's greedy expansion, batched
+
+
+def heap_batch(budget: int) -> int:
+    return max(1, math.ceil(budget / HEAP_NODES_PER_FORWARD))
+
+
+def build_heap_tree(root_probs: torch.Tensor, expand: Expand, config: TreeConfig, max_depth=None,
+                    batch: int | None = None) -> BuiltTree:
+    """The E(A)-optimal ``config.nodes``-node tree, by best-first expansion.
+
+    root_probs: [vocab] float. batch: nodes expanded per draft forward (default: nodes / 8).
+    Invariant: every sequence missing from the pool has p̂ no higher than the current n-th best
+    pool node, once no unexpanded node above that line (and above the depth cap) remains. Each
+    forward expands the ``batch`` most probable such nodes; only the ``nodes`` best children of a
+    forward can matter, so only those join the pool.
+    """
+    budget, depth_cap = config.nodes, _depth_cap(config, max_depth)
+    if depth_cap < 1:
+        return _empty(root_probs.device)
+    batch = batch or heap_batch(budget)
+    one = torch.ones(1, dtype=root_probs.dtype, device=root_probs.device)
+    _, tokens, probs = top_children(one, root_probs[None, :], budget)
+    pool = DraftTree(tokens, torch.full_like(tokens, -1), probs)
+    depth = torch.ones(len(pool), dtype=torch.long, device=tokens.device)
+    expanded = torch.zeros(len(pool), dtype=torch.bool, device=tokens.device)
+    q_of_pool = {-1: root_probs}
+    gains = [pool.path_probs[best_nodes(pool.path_probs, budget)].sum().item()]
+    forwards = 0
+    while True:
+        best = best_nodes(pool.path_probs, budget)
+        line = pool.path_probs[best].min() if len(best) == budget else pool.path_probs.new_tensor(0.0)
+        open_ = best[~expanded[best] & (depth[best] < depth_cap) & (pool.path_probs[best] > line)]
+        if len(open_) == 0:
+            break
+        order = torch.sort(pool.path_probs[open_], descending=True, stable=True).indices[:batch]
+        frontier = torch.sort(open_[order]).values
+        child_probs = expand(pool, frontier)  # [k, vocab]
+        forwards += 1
+        expanded[frontier] = True
+        q_of_pool.update(zip(frontier.tolist(), child_probs))
+        rows, tokens, probs = top_children(pool.path_probs[frontier], child_probs.to(pool.path_probs.dtype), budget)
+        pool = DraftTree(torch.cat([pool.tokens, tokens]), torch.cat([pool.parents, frontier[rows]]),
+                         torch.cat([pool.path_probs, probs]))
+        depth = torch.cat([depth, depth[frontier[rows]] + 1])
+        expanded = torch.cat([expanded, torch.zeros(len(tokens), dtype=torch.bool, device=expanded.device)])
+        gains.append(pool.path_probs[best_nodes(pool.path_probs, budget)].sum().item())
+    return _from_pool(pool, best_nodes(pool.path_probs, budget), q_of_pool, gains, forwards)
+
+
+# ---------------------------------------------------------------------------------------------
+# "chain" and "delayed"
+
+
+def _greedy_path(root_probs: torch.Tensor, expand: Expand, length: int):
+    """A path of ``length`` draft-argmax tokens: (pool, q_of_pool, forwards); the tip not expanded."""
+    q_of_pool = {-1: root_probs}
+    q, tokens, probs, p = root_probs, [], [], 1.0
+    pool = DraftTree.empty(root_probs.device)
+    forwards = 0
+    for i in range(length):
+        if i > 0:
+            q = expand(pool, torch.tensor([i - 1], device=pool.tokens.device))[0]
+            forwards += 1
+            q_of_pool[i - 1] = q
+        token = int(torch.argmax(q))
+        p *= float(q[token])
+        if p <= 0:
+            break
+        tokens.append(token)
+        probs.append(p)
+        pool = DraftTree(torch.tensor(tokens, device=root_probs.device),
+                         torch.arange(-1, len(tokens) - 1, device=root_probs.device),
+                         torch.tensor(probs, dtype=root_probs.dtype, device=root_probs.device))
+    return pool, q_of_pool, forwards
+
+
+def build_chain(root_probs: torch.Tensor, expand: Expand, config: TreeConfig, max_depth=None) -> BuiltTree:
+    """root_probs: [vocab] float. One path of min(nodes, depth cap) draft-greedy tokens."""
+    length = min(config.nodes, _depth_cap(config, max_depth))
+    if length < 1:
+        return _empty(root_probs.device)
+    pool, q_of_pool, forwards = _greedy_path(root_probs, expand, length)
+    keep = torch.arange(len(pool), device=pool.tokens.device)
+    return _from_pool(pool, keep, q_of_pool, [pool.expected_length], forwards)
+
+
+def _graft(stem: DraftTree, sub: DraftTree) -> DraftTree:
+    """``sub`` (a tree under the stem's last node, p̂ relative to it) appended below ``stem``."""
+    tip = len(stem) - 1
+    parents = torch.where(sub.parents >= 0, sub.parents + len(stem), torch.full_like(sub.parents, tip))
+    return DraftTree(torch.cat([stem.tokens, sub.tokens]), torch.cat([stem.parents, parents]),
+                     torch.cat([stem.path_probs, sub.path_probs * stem.path_probs[tip]]))
+
+
+def build_delayed_tree(root_probs: torch.Tensor, expand: Expand, config: TreeConfig, max_depth=None,
+                       delay: int = DELAY) -> BuiltTree:
+    """root_probs: [vocab] float. ``delay`` draft-greedy tokens, then an OPT-Tree below the last
+    one with the remaining budget and depth."""
+    budget, depth_cap = config.nodes, _depth_cap(config, max_depth)
+    stem_len = min(delay, budget, depth_cap)
+    if stem_len < 1:
+        return _empty(root_probs.device)
+    stem, q_of_pool, forwards = _greedy_path(root_probs, expand, stem_len)
+    whole = torch.arange(len(stem), device=stem.tokens.device)
+    if len(stem) < stem_len or budget == stem_len or depth_cap == stem_len:
+        return _from_pool(stem, whole, q_of_pool, [stem.expected_length], forwards)
+
+    # the branching part: an OPT-Tree rooted at the stem's tip, its pool kept behind the stem's
+    tip = len(stem) - 1
+    tip_probs = expand(stem, torch.tensor([tip], device=stem.tokens.device))[0]
+    forwards += 1
+    q_of_pool[tip] = tip_probs
+
+    def expand_below(sub_pool: DraftTree, frontier: torch.Tensor) -> torch.Tensor:
+        return expand(_graft(stem, sub_pool), frontier + len(stem))
+
+    sub = build_opt_tree(tip_probs, expand_below, replace(config, nodes=budget - stem_len), depth_cap - stem_len)
+    tree = _graft(stem, sub.tree)
+    pool_ids = torch.cat([whole, sub.pool_ids + len(stem)])
+    draft_probs = {i: q_of_pool[i] for i in range(-1, len(stem))}
+    draft_probs.update({(tip if i < 0 else i + len(stem)): q for i, q in sub.draft_probs.items()})
+    gains = [stem.expected_length + g * float(stem.path_probs[tip]) for g in sub.expected_lengths]
+    return BuiltTree(tree, pool_ids, gains, forwards + sub.draft_forwards, draft_probs)
+
+
+# ---------------------------------------------------------------------------------------------
+# "static": a fixed shape
+
+
+def build_static_tree(root_probs: torch.Tensor, expand: Expand, config: TreeConfig, max_depth=None) -> BuiltTree:
+    """root_probs: [vocab] float. Fill ``config.static_tree`` (sibling-rank paths) with the draft's
+    ranked tokens, one draft forward per depth; nodes beyond the depth cap, or whose token has
+    q = 0, are dropped (with their descendants); then the best ``nodes`` by p̂ are kept."""
+    depth_cap = _depth_cap(config, max_depth)
+    paths = [p for p in check_paths(config.static_tree or DEFAULT_STATIC_TREE) if len(p) <= depth_cap]
+    if not paths:
+        return _empty(root_probs.device)
+    device = root_probs.device
+    index: dict[tuple, int] = {(): -1}
+    q_of_pool = {-1: root_probs}
+    pool = DraftTree.empty(device)
+    forwards = 0
+    for depth in range(1, max(map(len, paths)) + 1):
+        layer = [p for p in paths if len(p) == depth and p[:-1] in index]
+        if not layer:
+            break
+        parents = sorted({index[p[:-1]] for p in layer})
+        if depth > 1:
+            frontier = torch.tensor(parents, dtype=torch.long, device=device)
+            q_of_pool.update(zip(parents, expand(pool, frontier)))
+            forwards += 1
+        tokens, parent_ids, probs = [], [], []
+        for path in layer:
+            parent = index[path[:-1]]
+            q = q_of_pool[parent].to(pool.path_probs.dtype)
+            ranked = torch.sort(q, descending=True, stable=True)
+            rank = path[-1]
+            if rank >= len(q) or ranked.values[rank] <= 0:
+                continue
+            index[path] = len(pool) + len(tokens)
+            tokens.append(int(ranked.indices[rank]))
+            parent_ids.append(parent)
+            probs.append(float(ranked.values[rank]) * (1.0 if parent < 0 else float(pool.path_probs[parent])))
+        if tokens:
+            pool = DraftTree(torch.cat([pool.tokens, torch.tensor(tokens, device=device)]),
+                             torch.cat([pool.parents, torch.tensor(parent_ids, device=device)]),
+                             torch.cat([pool.path_probs, torch.tensor(probs, dtype=pool.path_probs.dtype, device=device)]))
+    keep = best_nodes(pool.path_probs, config.nodes)
+    return _from_pool(pool, keep, q_of_pool, [pool.expected_length], forwards)
+
 
 BUILDERS = {
     "opt": build_opt_tree,
+    "heap": build_heap_tree,
+    "delayed": build_delayed_tree,
+    "chain": build_chain,
+    "static": build_static_tree,
+    "sampled": build_sampled_tree,
 }
 
 
-def build_tree(root_probs: torch.Tensor, expand: Expand, config: TreeConfig, max_depth: int | None = None) -> BuiltTree:
-    """root_probs: [vocab] float; max_depth: this step's cap (tokens left, context left)."""
-    return BUILDERS[config.strategy](root_probs, expand, config, max_depth)
+def build_tree(root_probs: torch.Tensor, expand: Expand, config: TreeConfig, max_depth: int | None = None,
+               generator: torch.Generator | None = None) -> BuiltTree:
+    """root_probs: [vocab] float; max_depth: this step's cap (tokens left, context left).
+
+    With a resolved ``nodes="auto"`` config, the strategy's tree is cut to its top-m nodes by p̂
+    for the m that maximises expected tokens per second (budget.py)."""
+    if config.nodes == "auto" or config.threshold == "auto":
+        raise ValueError("nodes/threshold='auto' must be resolved against the models first: "
+                         "opttree.budget.resolve(config, target, drafter)")
+    start = time.perf_counter()
+    builder = BUILDERS[config.strategy]
+    extra = {"generator": generator} if getattr(builder, "takes_generator", False) else {}  # "sampled" draws
+    built = builder(root_probs, expand, config, max_depth, **extra)
+    if getattr(config, "auto_nodes", False) and type(built) is BuiltTree:  # subclasses keep their own order
+        spent = time.perf_counter() - start + config.latency.draft_forward  # + the root's catch-up forward
+        built = keep_best(built, config.step_size(built.tree.path_probs, spent))
+    return built

@@ -6,7 +6,9 @@ processors generate() would apply). If a child of the current node carries that 
 is accepted and the walk goes on from it; otherwise the picked token is the *bonus* token and the
 step ends. Every emitted token is thus exactly the token the target alone would have produced
 from the same context (greedy), or a draw from the target's own distribution there (sampling,
-"sample-and-match": lossless whatever the tree).
+"sample-and-match": lossless whatever the tree). This is ``verifier="match"``, what the official
+OPT-Tree code does; ``"rrs"`` (recursive rejection sampling) and ``"traversal"`` (Traversal
+Verification) live in sampling.py and are dispatched from :func:`verify` when sampling.
 """
 
 from __future__ import annotations
@@ -58,12 +60,22 @@ def walk_tree(tree: DraftTree, logits: torch.Tensor, choose: Choose) -> Acceptan
         node = child
 
 
-def verify(built, tree: DraftTree, logits: torch.Tensor, choose: Choose, config) -> Acceptance:
+def verify(built, tree: DraftTree, logits: torch.Tensor, choose: Choose, config, process=None,
+           generator: torch.Generator | None = None) -> Acceptance:
     """Dispatch on ``config.verifier``. built: the step's BuiltTree (``built.draft_probs`` holds the
     draft's q where a verifier needs it); tree: its tree on the target's device;
-    logits: [n + 1, vocab] float32, the target's raw logits (row 0 = root)."""
-    if config.verifier == "match":
+    logits: [n + 1, vocab] float32, the target's raw logits (row 0 = root).
+    process: ``(emitted, row) -> scores``, generate()'s logits processors at a node (see
+    sampling.py), given only when sampling; generator: the sampling verifiers' randomness.
+
+    Greedy decoding (``process`` None) always takes the argmax walk: every verifier's output then
+    is the target's own greedy output. ``"rrs"`` and ``"traversal"``: sampling.py."""
+    if config.verifier == "match" or process is None:
         return walk_tree(tree, logits, choose)
+    from .sampling import SAMPLING_VERIFIERS  # (sampling.py imports Acceptance from here)
+
+    if config.verifier in SAMPLING_VERIFIERS:
+        return SAMPLING_VERIFIERS[config.verifier](built, tree, logits, process, generator)
     raise ValueError(f"unknown verifier {config.verifier!r}")
 
 

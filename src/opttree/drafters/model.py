@@ -31,8 +31,12 @@ class ModelDrafter:
         self.forwards = 0
 
     @property
-    def device(self):
-        return self.model.device
+    def device(self) -> torch.device:
+        """Where the draft's inputs go: its input embedding's device, or accelerate's execution
+        device for it when the draft is offloaded (its parameters then sit on the meta device)."""
+        embedding = self.model.get_input_embeddings()
+        device = getattr(getattr(embedding, "_hf_hook", None), "execution_device", None)
+        return embedding.weight.device if device is None else torch.device(device)
 
     def _forward(self, **inputs) -> torch.Tensor:
         out = self.model(**inputs, past_key_values=self.cache, use_cache=True)
@@ -56,7 +60,7 @@ class ModelDrafter:
         col_of = {pid: c for c, pid in enumerate(columns)}
         ancestors = pool.ancestor_mask()  # [m, m]
         # node i (a frontier node) sees column c when that column holds i or one of its ancestors
-        tail_visible = ancestors[frontier.to(ancestors.device)][:, torch.tensor(columns)]  # [k, c]
+        tail_visible = ancestors[frontier.to(ancestors.device)][:, torch.tensor(columns, device=ancestors.device)]  # [k, c]
         past_len = self.prefix_len + len(fed)
         depths = pool.depths()[frontier]
         inputs = tree_forward_inputs(

@@ -1,0 +1,167 @@
+"""Measure a distilled draft against its target on Spec-Bench prompts (or any JSONL of turns).
+
+1. Top-1 agreement: the target answers each prompt greedily (first turn, chat template);
+   the draft is then run teacher-forced on prompt + answer, and we count how often its argmax
+   equals the target's greedy token at the answer positions. Reported per category and overall.
+2. Latency: one forward of ``--query-tokens`` new tokens on a ``--prefix`` token cached prefix
+   (batch 1, as in decoding), median of ``--reps`` runs, draft vs target → their ratio.
+
+Usage::
+
+    python benchmarks/draft_agreement.py --questions /path/spec_bench_questions.jsonl \
+        --draft drafts/smollm2-135m-draft --per-category 5 --max-new-tokens 64
+
+The target's answers are cached in ``--answers-cache`` (JSON) so that several drafts can be
+compared on the same continuations without regenerating them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger("draft_agreement")
+
+
+def select_questions(path: Path, per_category: int) -> list[dict]:
+    """The first ``per_category`` questions of each category (file order), first turn only."""
+    chosen, counts = [], defaultdict(int)
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        q = json.loads(line)
+        if per_category <= 0 or counts[q["category"]] < per_category:
+            counts[q["category"]] += 1
+            chosen.append({"id": q.get("question_id"), "category": q["category"], "prompt": q["turns"][0]})
+    return chosen
+
+
+def target_answers(target, tokenizer, questions: list[dict], max_new_tokens: int,
+                   batch_size: int, max_prompt_tokens: int) -> list[dict]:
+    """Greedy answers of the target: ``{"category", "prompt_ids", "answer_ids"}`` per question."""
+    from opttree.distill.data import DataConfig, answer_batch, chat_ids
+
+    cfg = DataConfig(max_new_tokens=max_new_tokens, batch_size=batch_size, topk=1,
+                     max_prompt_tokens=max_prompt_tokens)
+    ids = [chat_ids(tokenizer, q["prompt"])[-max_prompt_tokens:] for q in questions]
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+    out: dict[int, dict] = {}
+    for s in range(0, len(order), batch_size):
+        batch = order[s:s + batch_size]
+        for i, sample in zip(batch, answer_batch(target, tokenizer, [ids[i] for i in batch], cfg)):
+            out[i] = {"category": questions[i]["category"], "id": questions[i]["id"],
+                      "prompt_ids": ids[i], "answer_ids": sample.input_ids[sample.prompt_len:].tolist()}
+        logger.info("target answers: %d/%d", len(out), len(ids))
+    return [out[i] for i in range(len(ids))]
+
+
+@torch.inference_mode()
+def agreement_by_category(draft, answers: list[dict]) -> dict[str, tuple[int, int]]:
+    """``{category: (hits, tokens)}``: draft argmax == target greedy token, teacher-forced."""
+    result: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for a in answers:
+        seq = torch.tensor([a["prompt_ids"] + a["answer_ids"]])  # [1, L]
+        n, start = len(a["answer_ids"]), len(a["prompt_ids"]) - 1
+        logits = draft(input_ids=seq, logits_to_keep=n + 1).logits[0, :n]  # [n, V]
+        guess = logits.argmax(-1)  # [n]
+        hits = int((guess == torch.tensor(a["answer_ids"])).sum())
+        result[a["category"]][0] += hits
+        result[a["category"]][1] += n
+        del start
+    return {k: (v[0], v[1]) for k, v in result.items()}
+
+
+@torch.inference_mode()
+def forward_ms(model, prefix_len: int, query: int, reps: int, vocab: int) -> float:
+    """Median ms of one ``query``-token forward on a cached ``prefix_len``-token prefix."""
+    from transformers import DynamicCache
+
+    gen = torch.Generator().manual_seed(0)
+    prefix = torch.randint(0, vocab, (1, prefix_len), generator=gen)
+    tokens = torch.randint(0, vocab, (1, query), generator=gen)
+    times = []
+    for _ in range(reps + 3):
+        cache = DynamicCache()
+        model(input_ids=prefix, past_key_values=cache, use_cache=True)
+        pos = torch.arange(prefix_len, prefix_len + query)
+        t = time.perf_counter()
+        model(input_ids=tokens, position_ids=pos[None], cache_position=pos, past_key_values=cache,
+              use_cache=True)
+        times.append(1000 * (time.perf_counter() - t))
+    return statistics.median(times[3:])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--questions", required=True, type=Path, help="Spec-Bench question.jsonl")
+    p.add_argument("--draft", default=str(Path(__file__).resolve().parents[1] / "drafts" / "smollm2-135m-draft"))
+    p.add_argument("--target", default=None, help="folder holding the SmolLM2 GGUF (default: fetched)")
+    p.add_argument("--per-category", type=int, default=5, help="questions per category (0 = all)")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--max-prompt-tokens", type=int, default=1024)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--answers-cache", type=Path, default=None)
+    p.add_argument("--prefix", type=int, default=256)
+    p.add_argument("--query-tokens", type=int, nargs="+", default=[1, 8])
+    p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--json-out", type=Path, default=None)
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    torch.set_num_threads(args.threads)
+
+    from opttree.distill import load_draft
+    from opttree.smollm2 import load_smollm2
+
+    target, tokenizer = load_smollm2(args.target)
+    draft = load_draft(args.draft, target)
+    questions = select_questions(args.questions, args.per_category)
+    cache_ok = args.answers_cache and args.answers_cache.exists()
+    if cache_ok:
+        answers = json.loads(args.answers_cache.read_text())
+        cache_ok = len(answers) == len(questions) and all(
+            a["id"] == q["id"] for a, q in zip(answers, questions))
+    if not cache_ok:
+        t = time.time()
+        answers = target_answers(target, tokenizer, questions, args.max_new_tokens,
+                                 args.batch_size, args.max_prompt_tokens)
+        logger.info("target answered %d prompts in %.0f s", len(answers), time.time() - t)
+        if args.answers_cache:
+            args.answers_cache.write_text(json.dumps(answers))
+    per_cat = agreement_by_category(draft, answers)
+    hits = sum(h for h, _ in per_cat.values())
+    total = sum(n for _, n in per_cat.values())
+    report = {
+        "draft": str(args.draft), "prompts": len(answers), "answer_tokens": total,
+        "max_new_tokens": args.max_new_tokens,
+        "agreement_token_weighted": hits / total,
+        "agreement_category_mean": statistics.mean(h / n for h, n in per_cat.values()),
+        "per_category": {k: round(h / n, 4) for k, (h, n) in sorted(per_cat.items())},
+        "latency_ms": {},
+    }
+    print(f"top-1 agreement over {total} answer tokens of {len(answers)} prompts: "
+          f"{report['agreement_token_weighted']:.3f} (category mean {report['agreement_category_mean']:.3f})")
+    for k, v in report["per_category"].items():
+        print(f"  {k:15s} {v:.3f}")
+    vocab = target.config.vocab_size
+    for q in args.query_tokens:
+        t_ms = forward_ms(target, args.prefix, q, args.reps, vocab)
+        d_ms = forward_ms(draft, args.prefix, q, args.reps, vocab)
+        report["latency_ms"][str(q)] = {"target": round(t_ms, 2), "draft": round(d_ms, 2),
+                                        "ratio": round(d_ms / t_ms, 4)}
+        print(f"forward of {q} token(s) on a {args.prefix}-token prefix: target {t_ms:.1f} ms, "
+              f"draft {d_ms:.1f} ms, ratio {d_ms / t_ms:.3f}")
+    if args.json_out:
+        args.json_out.write_text(json.dumps(report, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,120 @@
+"""``opttree distill`` / ``python -m opttree.distill``: make a draft model for a target.
+
+Example (the recipe of the shipped SmolLM2 draft is in drafts/smollm2-135m-draft/RECIPE.md)::
+
+    opttree distill --target /path/to/model_dir --out my-draft \
+        --num-seed-prompts 1024 --num-context-prompts 768 --max-minutes 40
+
+``--stage data`` only generates (and caches) the target's answers; ``--stage train`` only
+trains on what is cached; ``all`` (default) does both. Generation is resumable: run the same
+command again after an interruption. Load the result with
+``opttree.distill.load_draft(out_dir, target)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger("opttree.distill")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="opttree distill", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--target", required=True,
+                   help="folder of the target model (HF format, or holding one .gguf file)")
+    p.add_argument("--out", required=True, help="output folder of the draft")
+    p.add_argument("--cache", help="data cache folder (default: $OPTTREE_CACHE/distill/<target>)")
+    p.add_argument("--stage", choices=["all", "data", "train"], default="all")
+    g = p.add_argument_group("data")
+    g.add_argument("--prompts", help="JSONL of user prompts ('prompt' or 'turns'); default: self-made")
+    g.add_argument("--num-seed-prompts", type=int, default=1024)
+    g.add_argument("--num-context-prompts", type=int, default=768)
+    g.add_argument("--max-new-tokens", type=int, default=128)
+    g.add_argument("--gen-batch-size", type=int, default=32)
+    g.add_argument("--topk", type=int, default=32, help="soft labels kept per token")
+    g.add_argument("--extra-data", action="append", default=[],
+                   help="another cache folder whose answers are added to training (repeatable)")
+    t = p.add_argument_group("training")
+    t.add_argument("--init-layers", default="0,1", help="target layers copied into the draft")
+    t.add_argument("--kept-tokens", type=int, default=8192, help="output vocabulary of the draft")
+    t.add_argument("--epochs", type=float, default=2.0)
+    t.add_argument("--batch-size", type=int, default=8)
+    t.add_argument("--max-len", type=int, default=512)
+    t.add_argument("--lr", type=float, default=5e-4)
+    t.add_argument("--max-minutes", type=float, default=None)
+    t.add_argument("--eval-every", type=int, default=100)
+    t.add_argument("--save-dtype", default="float16", choices=["float16", "bfloat16", "float32"])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    return p
+
+
+def load_target(path: str | Path):
+    """``(model, tokenizer)`` from an HF folder or a folder holding one GGUF file (fp32, sdpa)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = Path(path)
+    ggufs = sorted(path.glob("*.gguf"))
+    extra = {"gguf_file": ggufs[0].name} if ggufs and not (path / "config.json").exists() else {}
+    tokenizer = AutoTokenizer.from_pretrained(path, **extra)
+    model = AutoModelForCausalLM.from_pretrained(
+        path, dtype=torch.float32, attn_implementation="sdpa", **extra
+    )
+    return model.eval(), tokenizer
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+
+    from ..smollm2 import cache_dir
+    from .data import DataConfig, eos_ids
+    from .pipeline import PromptPlan, load_data, make_data
+    from .prompts import read_jsonl_prompts
+    from .train import TrainConfig, train_draft
+
+    target, tokenizer = load_target(args.target)
+    cache = Path(args.cache) if args.cache else cache_dir() / "distill" / Path(args.target).name
+    data_cfg = DataConfig(max_new_tokens=args.max_new_tokens, batch_size=args.gen_batch_size,
+                          topk=args.topk)
+    plan = PromptPlan(
+        user_prompts=read_jsonl_prompts(args.prompts) if args.prompts else None,
+        num_seed=args.num_seed_prompts, num_context=args.num_context_prompts, seed=args.seed,
+    )
+    if args.stage in ("all", "data"):
+        make_data(target, tokenizer, cache, plan, data_cfg)
+    if args.stage == "data":
+        return 0
+    records = load_data(cache)
+    for extra in args.extra_data:
+        records += load_data(extra)
+    if not records:
+        logger.error("no cached answers under %s: run with --stage data first", cache)
+        return 1
+    train_cfg = TrainConfig(
+        init_layers=tuple(int(i) for i in args.init_layers.split(",")),
+        num_kept_tokens=args.kept_tokens, epochs=args.epochs, batch_size=args.batch_size,
+        max_len=args.max_len, lr=args.lr, max_minutes=args.max_minutes,
+        eval_every=args.eval_every, seed=args.seed, save_dtype=args.save_dtype,
+    )
+    stop = eos_ids(target, tokenizer)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(stop)
+    result = train_draft(target, records, args.out, train_cfg, pad_id, sorted(stop))
+    logger.info("draft saved to %s: val agreement %.3f after %d steps (%.1f min, %d answer tokens)",
+                result.path, result.val_agreement, result.steps, result.seconds / 60,
+                result.train_tokens)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
