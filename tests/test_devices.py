@@ -17,15 +17,6 @@ HALF = [torch.bfloat16, torch.float16]
 
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run several times faster on one thread than on two busy ones."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def prompt(seed=0, length=7):
     return torch.randint(3, 90, (1, length), generator=torch.Generator().manual_seed(seed))
 

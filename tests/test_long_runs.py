@@ -20,15 +20,6 @@ from opttree.drafters import ModelDrafter, PromptLookupDrafter
 VOCAB = 512  # larger than the other tests' models, so a leaked [vocab] row per token is visible
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run ~10x faster on one thread than on two busy ones (thread hand-offs dominate)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def long_model(seed: int, positions: int = 1200, family: str = "llama"):
     torch.manual_seed(seed)
     if family == "gpt2":

@@ -12,15 +12,6 @@ from opttree.tree import DraftTree
 
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run several times faster on one thread than on two busy ones."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def repetitive_prompt(seed=0, period=5, length=23):
     """A prompt that repeats a random motif, so its n-grams recur."""
     motif = torch.randint(3, 90, (period,), generator=torch.Generator().manual_seed(seed))

@@ -115,14 +115,25 @@ def build_opt_tree(root_probs: torch.Tensor, expand: Expand, config: TreeConfig,
             break
 
     # 3. the final tree: the best `budget` nodes, re-indexed
-    keep = best_nodes(pool.path_probs, budget)
-    remap = torch.full((len(pool),), -1, dtype=torch.long, device=keep.device)
+    return from_pool(pool, best_nodes(pool.path_probs, budget), q_of_pool, gains, forwards)
+
+
+def from_pool(pool: DraftTree, keep: torch.Tensor, q_of_pool: dict, gains: list[float], forwards: int) -> BuiltTree:
+    """A BuiltTree of the pool nodes ``keep`` ([k] long, ascending, closed under parents)."""
+    everything = BuiltTree(pool, torch.arange(len(pool), device=pool.tokens.device), gains, forwards, q_of_pool)
+    return select(everything, keep)
+
+
+def select(built: BuiltTree, keep: torch.Tensor) -> BuiltTree:
+    """The sub-tree of the nodes ``keep`` ([k] long, ascending tree indices, closed under parents)."""
+    tree = built.tree
+    remap = torch.full((len(tree),), -1, dtype=torch.long, device=keep.device)
     remap[keep] = torch.arange(len(keep), device=keep.device)
-    old_parents = pool.parents[keep]
+    old_parents = tree.parents[keep]
     new_parents = torch.where(old_parents >= 0, remap[old_parents.clamp(min=0)], old_parents)
     if bool((new_parents[old_parents >= 0] < 0).any()):
-        raise AssertionError("OPT-Tree selection lost an ancestor; this is a bug")
-    tree = DraftTree(pool.tokens[keep], new_parents, pool.path_probs[keep])
-    draft_probs = {(-1 if pid < 0 else int(remap[pid])): q for pid, q in q_of_pool.items()
-                   if pid < 0 or remap[pid] >= 0}
-    return BuiltTree(tree, keep, gains, forwards, draft_probs)
+        raise AssertionError("the kept nodes are not closed under parents; this is a bug")
+    new_tree = DraftTree(tree.tokens[keep], new_parents, tree.path_probs[keep])
+    draft_probs = {(-1 if i < 0 else int(remap[i])): q for i, q in built.draft_probs.items()
+                   if i < 0 or remap[i] >= 0}
+    return BuiltTree(new_tree, built.pool_ids[keep], list(built.expected_lengths), built.draft_forwards, draft_probs)

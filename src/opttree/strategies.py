@@ -31,7 +31,7 @@ from dataclasses import replace
 
 import torch
 
-from .builder import BuiltTree, Expand, best_nodes, build_opt_tree, top_children
+from .builder import BuiltTree, Expand, best_nodes, build_opt_tree, from_pool, select, top_children
 from .config import TreeConfig
 from .sampling import build_sampled_tree
 from .static_trees import DEFAULT_STATIC_TREE, check_paths
@@ -49,32 +49,11 @@ def _empty(device) -> BuiltTree:
     return BuiltTree(DraftTree.empty(device), torch.empty(0, dtype=torch.long, device=device))
 
 
-def select(built: BuiltTree, keep: torch.Tensor) -> BuiltTree:
-    """The sub-tree of the nodes ``keep`` ([k] long, ascending tree indices, closed under parents)."""
-    tree = built.tree
-    remap = torch.full((len(tree),), -1, dtype=torch.long, device=keep.device)
-    remap[keep] = torch.arange(len(keep), device=keep.device)
-    old_parents = tree.parents[keep]
-    new_parents = torch.where(old_parents >= 0, remap[old_parents.clamp(min=0)], old_parents)
-    if bool((new_parents[old_parents >= 0] < 0).any()):
-        raise AssertionError("the kept nodes are not closed under parents; this is a bug")
-    new_tree = DraftTree(tree.tokens[keep], new_parents, tree.path_probs[keep])
-    draft_probs = {(-1 if i < 0 else int(remap[i])): q for i, q in built.draft_probs.items()
-                   if i < 0 or remap[i] >= 0}
-    return BuiltTree(new_tree, built.pool_ids[keep], list(built.expected_lengths), built.draft_forwards, draft_probs)
-
-
 def keep_best(built: BuiltTree, m: int) -> BuiltTree:
     """The top-``m`` nodes by p̂ (ties: the earlier node, so parents before children)."""
     if m >= len(built.tree):
         return built
     return select(built, best_nodes(built.tree.path_probs, m))
-
-
-def _from_pool(pool: DraftTree, keep: torch.Tensor, q_of_pool: dict, gains: list[float], forwards: int) -> BuiltTree:
-    """A BuiltTree of the pool nodes ``keep`` ([k] long, ascending, closed under parents)."""
-    whole = BuiltTree(pool, torch.arange(len(pool), device=pool.tokens.device), gains, forwards, dict(q_of_pool))
-    return select(whole, keep)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -125,7 +104,7 @@ def build_heap_tree(root_probs: torch.Tensor, expand: Expand, config: TreeConfig
         depth = torch.cat([depth, depth[frontier[rows]] + 1])
         expanded = torch.cat([expanded, torch.zeros(len(tokens), dtype=torch.bool, device=expanded.device)])
         gains.append(pool.path_probs[best_nodes(pool.path_probs, budget)].sum().item())
-    return _from_pool(pool, best_nodes(pool.path_probs, budget), q_of_pool, gains, forwards)
+    return from_pool(pool, best_nodes(pool.path_probs, budget), q_of_pool, gains, forwards)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -162,7 +141,7 @@ def build_chain(root_probs: torch.Tensor, expand: Expand, config: TreeConfig, ma
         return _empty(root_probs.device)
     pool, q_of_pool, forwards = _greedy_path(root_probs, expand, length)
     keep = torch.arange(len(pool), device=pool.tokens.device)
-    return _from_pool(pool, keep, q_of_pool, [pool.expected_length], forwards)
+    return from_pool(pool, keep, q_of_pool, [pool.expected_length], forwards)
 
 
 def _graft(stem: DraftTree, sub: DraftTree) -> DraftTree:
@@ -184,7 +163,7 @@ def build_delayed_tree(root_probs: torch.Tensor, expand: Expand, config: TreeCon
     stem, q_of_pool, forwards = _greedy_path(root_probs, expand, stem_len)
     whole = torch.arange(len(stem), device=stem.tokens.device)
     if len(stem) < stem_len or budget == stem_len or depth_cap == stem_len:
-        return _from_pool(stem, whole, q_of_pool, [stem.expected_length], forwards)
+        return from_pool(stem, whole, q_of_pool, [stem.expected_length], forwards)
 
     # the branching part: an OPT-Tree rooted at the stem's tip, its pool kept behind the stem's
     tip = len(stem) - 1
@@ -247,7 +226,7 @@ def build_static_tree(root_probs: torch.Tensor, expand: Expand, config: TreeConf
                              torch.cat([pool.parents, torch.tensor(parent_ids, device=device)]),
                              torch.cat([pool.path_probs, torch.tensor(probs, dtype=pool.path_probs.dtype, device=device)]))
     keep = best_nodes(pool.path_probs, config.nodes)
-    return _from_pool(pool, keep, q_of_pool, [pool.expected_length], forwards)
+    return from_pool(pool, keep, q_of_pool, [pool.expected_length], forwards)
 
 
 BUILDERS = {
