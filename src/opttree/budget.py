@@ -257,9 +257,5 @@ def resolve(config: TreeConfig, target, drafter) -> TreeConfig:
     return AutoTreeConfig(**given, latency=latency, auto_nodes=auto_nodes, auto_threshold=auto_threshold)
 
 
-def is_unresolved(config: TreeConfig) -> bool:
-    return config.nodes == "auto" or config.threshold == "auto"
-
-
 __all__ = ["AUTO_MAX_NODES", "AutoTreeConfig", "LatencyModel", "best_size", "calibrate", "depth_threshold",
            "expected_speed", "resolve"]

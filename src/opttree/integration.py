@@ -35,12 +35,12 @@ def _decode(model, draft_model, config: TreeConfig, input_ids, logits_processor,
     drafter = make_drafter(draft_model, model)
     if generation_config.do_sample and isinstance(drafter, ModelDrafter) and drafter is not draft_model:
         drafter.to_probs = draft_to_probs(logits_processor)  # the tree sees the q the verifier sees
-    config = budget.resolve(config, model, drafter)  # nodes/threshold="auto": measure this machine
     max_context = context_length(model)
     draft_context = getattr(drafter, "context_length", None)
     if draft_context is not None:
         max_context = min(max_context or draft_context, draft_context)
     check_inputs(input_ids, model_kwargs.get("attention_mask"), max_context)
+    config = budget.resolve(config, model, drafter)  # nodes/threshold="auto": measure this machine
     max_length = stopping_criteria.max_length or generation_config.max_length
     cache = model_kwargs.get("past_key_values")
     if cache is None:
