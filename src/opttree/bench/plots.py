@@ -18,6 +18,13 @@ def _plt():
     return plt
 
 
+def _save(plt, fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def plot_speedup(result: BenchResult, path: Path) -> Path:
     plt = _plt()
     summaries = [s for s in result.summaries() if s.method != REFERENCE]
@@ -41,10 +48,7 @@ def plot_speedup(result: BenchResult, path: Path) -> Path:
     ax.set_ylabel("speedup vs plain generate() (Σ time)")
     ax.set_title("Speedup by category (hatched red: output differs from plain greedy)", fontsize=9)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def plot_accept_lengths(result: BenchResult, path: Path) -> Path:
@@ -67,10 +71,7 @@ def plot_accept_lengths(result: BenchResult, path: Path) -> Path:
     ax.set_ylabel("share of steps")
     ax.set_title("Accepted length per step", fontsize=9)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def plot_expected(result: BenchResult, path: Path) -> Path | None:
@@ -87,10 +88,7 @@ def plot_expected(result: BenchResult, path: Path) -> Path | None:
         accepted = [a for r in mine for a in r.accepted]
         plot_expected_vs_accepted(ax, expected, accepted)
         ax.set_title(f"{method}\n" + ax.get_title(), fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def write_plots(result: BenchResult, out_dir: str | Path) -> dict[str, Path]:
