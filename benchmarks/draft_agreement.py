@@ -3,8 +3,13 @@
 1. Top-1 agreement: the target answers each prompt greedily (first turn, chat template);
    the draft is then run teacher-forced on prompt + answer, and we count how often its argmax
    equals the target's greedy token at the answer positions. Reported per category and overall.
+   For an EAGLE-style feature head (``opttree distill --kind head``), the head reads the
+   target's features of the same text; agreement is reported at tree depth 1 (the first drafted
+   token, comparable to an independent draft's number) and, teacher-forced on the tokens but
+   reading its own predicted features, at depths 2 and 3.
 2. Latency: one forward of ``--query-tokens`` new tokens on a ``--prefix`` token cached prefix
-   (batch 1, as in decoding), median of ``--reps`` runs, draft vs target → their ratio.
+   (batch 1, as in decoding), median of ``--reps`` runs, draft vs target → their ratio. A feature
+   head is timed as the drafter runs it: one tree layer of that many nodes, probabilities included.
 
 Usage::
 
@@ -79,6 +84,47 @@ def agreement_by_category(draft, answers: list[dict]) -> dict[str, tuple[int, in
 
 
 @torch.inference_mode()
+def head_agreement_by_category(head, target, answers: list[dict], depths: int = 3) -> dict[str, list[tuple[int, int]]]:
+    """``{category: [(hits, tokens) at depth 1, 2, ...]}`` for a feature head."""
+    from opttree.distill.features import features_of
+    from opttree.distill.head_train import make_batch, unrolled
+
+    result: dict[str, list[list[int]]] = defaultdict(lambda: [[0, 0] for _ in range(depths)])
+    for a in answers:
+        seq = torch.tensor(a["prompt_ids"] + a["answer_ids"])  # [L]
+        record = features_of(target, seq, topk=1)
+        passes = unrolled(head, make_batch([record]), depths, 0.0)  # depths x [1, L, H]
+        first = len(a["prompt_ids"]) - 1  # position whose output predicts the first answer token
+        truth = seq[first + 1:]  # [n]
+        for d, g in enumerate(passes):
+            start = max(first, d)
+            guess = head.token_ids[head.reduced_logits(g[0, start:-1]).argmax(-1)]
+            result[a["category"]][d][0] += int((guess == truth[start - first:]).sum())
+            result[a["category"]][d][1] += len(guess)
+    return {k: [tuple(x) for x in v] for k, v in result.items()}
+
+
+@torch.inference_mode()
+def head_layer_ms(head, target, prefix_len: int, query: int, reps: int) -> float:
+    """Median ms of one tree layer of ``query`` nodes drafted by a feature head on a prefix."""
+    from opttree.tree import DraftTree
+
+    gen = torch.Generator().manual_seed(0)
+    vocab = head.c.vocab_size
+    prefix = torch.randint(0, vocab, (prefix_len,), generator=gen)
+    pool = DraftTree(torch.randint(0, vocab, (query,), generator=gen), torch.full((query,), -1), torch.ones(query))
+    times = []
+    for _ in range(reps + 3):
+        drafter = head.for_target(target)
+        drafter.add_features(torch.randn(prefix_len - 1, head.c.hidden_size, generator=gen))
+        drafter.root_probs(prefix)
+        t = time.perf_counter()
+        drafter.expand(pool, torch.arange(query))
+        times.append(1000 * (time.perf_counter() - t))
+    return statistics.median(times[3:])
+
+
+@torch.inference_mode()
 def forward_ms(model, prefix_len: int, query: int, reps: int, vocab: int) -> float:
     """Median ms of one ``query``-token forward on a cached ``prefix_len``-token prefix."""
     from transformers import DynamicCache
@@ -135,7 +181,9 @@ def main(argv: list[str] | None = None) -> int:
         logger.info("target answered %d prompts in %.0f s", len(answers), time.time() - t)
         if args.answers_cache:
             args.answers_cache.write_text(json.dumps(answers))
-    per_cat = agreement_by_category(draft, answers)
+    is_head = hasattr(draft, "for_target")
+    by_depth = head_agreement_by_category(draft, target, answers) if is_head else None
+    per_cat = {k: v[0] for k, v in by_depth.items()} if is_head else agreement_by_category(draft, answers)
     hits = sum(h for h, _ in per_cat.values())
     total = sum(n for _, n in per_cat.values())
     report = {
@@ -146,6 +194,12 @@ def main(argv: list[str] | None = None) -> int:
         "per_category": {k: round(h / n, 4) for k, (h, n) in sorted(per_cat.items())},
         "latency_ms": {},
     }
+    if is_head:
+        report["agreement_by_depth"] = [
+            round(sum(v[d][0] for v in by_depth.values()) / max(1, sum(v[d][1] for v in by_depth.values())), 4)
+            for d in range(len(next(iter(by_depth.values()))))]
+        print("feature head agreement by tree depth (teacher-forced tokens, own features):",
+              " ".join(f"{a:.3f}" for a in report["agreement_by_depth"]))
     print(f"top-1 agreement over {total} answer tokens of {len(answers)} prompts: "
           f"{report['agreement_token_weighted']:.3f} (category mean {report['agreement_category_mean']:.3f})")
     for k, v in report["per_category"].items():
@@ -153,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     vocab = target.config.vocab_size
     for q in args.query_tokens:
         t_ms = forward_ms(target, args.prefix, q, args.reps, vocab)
-        d_ms = forward_ms(draft, args.prefix, q, args.reps, vocab)
+        d_ms = (head_layer_ms(draft, target, args.prefix, q, args.reps) if is_head
+                else forward_ms(draft, args.prefix, q, args.reps, vocab))
         report["latency_ms"][str(q)] = {"target": round(t_ms, 2), "draft": round(d_ms, 2),
                                         "ratio": round(d_ms / t_ms, 4)}
         print(f"forward of {q} token(s) on a {args.prefix}-token prefix: target {t_ms:.1f} ms, "

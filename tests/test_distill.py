@@ -11,6 +11,8 @@ import json
 import pytest
 import torch
 
+from opttree import speculative_generate
+
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 
@@ -157,7 +159,8 @@ def test_draft_tree_logits_match_paths(tmp_path, target_and_tokenizer):
         assert out.logits[0, node].argmax() == ref.argmax()
 
 
-def test_cli_end_to_end(tmp_path, target_and_tokenizer):
+@pytest.mark.parametrize("kind", ["layers", "head"])
+def test_cli_end_to_end(tmp_path, target_and_tokenizer, kind):
     target, tok = target_and_tokenizer
     target.save_pretrained(tmp_path / "target")
     tok.save_pretrained(tmp_path / "target")
@@ -166,7 +169,13 @@ def test_cli_end_to_end(tmp_path, target_and_tokenizer):
     rc = main(["--target", str(tmp_path / "target"), "--out", str(tmp_path / "draft"),
                "--cache", str(tmp_path / "cache"), "--prompts", str(prompts),
                "--max-new-tokens", "8", "--gen-batch-size", "6", "--init-layers", "0,1",
-               "--kept-tokens", "32", "--epochs", "2", "--batch-size", "4", "--eval-every", "5"])
+               "--kept-tokens", "32", "--epochs", "2", "--batch-size", "4", "--eval-every", "5",
+               "--kind", kind, "--batch-tokens", "64", "--max-len", "32"])
     assert rc == 0
     draft = load_draft(tmp_path / "draft", target)
-    assert draft(input_ids=torch.tensor([[5, 6, 7]])).logits.shape == (1, 3, target.config.vocab_size)
+    if kind == "layers":
+        assert draft(input_ids=torch.tensor([[5, 6, 7]])).logits.shape == (1, 3, target.config.vocab_size)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    out = target.generate(ids, max_new_tokens=8, do_sample=False, custom_generate=speculative_generate,
+                          draft_model=draft, nodes=4)
+    assert torch.equal(out, target.generate(ids, max_new_tokens=8, do_sample=False))

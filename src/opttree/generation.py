@@ -34,10 +34,12 @@ class DecodeResult:
     logits: tuple | None = None  # raw target logits per new token, each [1, vocab]
 
 
-def target_logits(target, inputs, cache) -> torch.Tensor:
-    """One target forward over the root and the tree -> [n + 1, vocab] float32."""
-    out = target(**inputs.as_kwargs(), past_key_values=cache, use_cache=True, logits_to_keep=0)
-    return out.logits[0].float()
+def target_forward(target, inputs, cache, hidden: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One target forward over the root and the tree -> (logits [n + 1, vocab] float32, and with
+    ``hidden`` its features [n + 1, H]: the last hidden state, the input of its output head)."""
+    out = target(**inputs.as_kwargs(), past_key_values=cache, use_cache=True, logits_to_keep=0,
+                 output_hidden_states=hidden)
+    return out.logits[0].float(), out.hidden_states[-1][0] if hidden else None
 
 
 def speculative_decode(
@@ -63,9 +65,14 @@ def speculative_decode(
     scores_out: list[torch.Tensor] = []
     logits_out: list[torch.Tensor] = []
 
-    # 0. prefill the target with all prompt tokens but the root
+    # 0. prefill the target with all prompt tokens but the root (a feature head drafter reads
+    #    the target's features of every committed token)
+    wants_hidden = bool(getattr(drafter, "wants_hidden_states", False))
     if len(sequence) > 1:
-        target(input_ids=input_ids[:, :-1], past_key_values=cache, use_cache=True, logits_to_keep=1)
+        out = target(input_ids=input_ids[:, :-1], past_key_values=cache, use_cache=True, logits_to_keep=1,
+                     output_hidden_states=wants_hidden)
+        if wants_hidden:
+            drafter.add_features(out.hidden_states[-1][0])  # [T - 1, H]
     past_len = len(sequence) - 1
 
     finished = False
@@ -85,7 +92,8 @@ def speculative_decode(
 
         # 2. verify: ONE target forward over the root and every tree node
         inputs = verification_inputs(int(sequence[-1]), tree, past_len, target.dtype)
-        logits = target_logits(target, inputs, cache).to(sequence.device)  # [n + 1, vocab], where generate() keeps ids
+        logits, hidden = target_forward(target, inputs, cache, wants_hidden)
+        logits = logits.to(sequence.device)  # [n + 1, vocab], where generate() keeps ids
 
         # 3. walk the tree: the target's own token at the root and at each accepted node
         def process(emitted: list[int], row: torch.Tensor) -> torch.Tensor:  # the node's processed scores
@@ -104,6 +112,8 @@ def speculative_decode(
         kv_cache.keep_slots(cache, past_len + 1, torch.tensor(acceptance.nodes, dtype=torch.long) + past_len + 1)
         if depth_cap >= 1:
             drafter.commit([int(built.pool_ids[i]) for i in acceptance.nodes])
+        if wants_hidden:  # the features of the root and the accepted nodes
+            drafter.add_features(hidden[torch.tensor([0] + [1 + i for i in acceptance.nodes], device=hidden.device)])
         past_len += 1 + acceptance.accepted
 
         # 5. commit the new tokens one by one until a stopping criterion fires

@@ -13,6 +13,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from .config import TreeConfig
 from .drafters import make_drafter
+from .drafters.feature_head import FeatureHeadDrafter
 from .drafters.model import ModelDrafter
 from .generation import speculative_decode
 from .sampling import draft_to_probs
@@ -33,7 +34,7 @@ def _decode(model, draft_model, config: TreeConfig, input_ids, logits_processor,
     if draft_model is None:
         raise ValueError("speculative generation needs draft_model=<a small causal LM with the target's vocabulary>")
     drafter = make_drafter(draft_model, model)
-    if generation_config.do_sample and isinstance(drafter, ModelDrafter) and drafter is not draft_model:
+    if generation_config.do_sample and isinstance(drafter, (ModelDrafter, FeatureHeadDrafter)) and drafter is not draft_model:
         drafter.to_probs = draft_to_probs(logits_processor)  # the tree sees the q the verifier sees
     max_context = context_length(model)
     draft_context = getattr(drafter, "context_length", None)

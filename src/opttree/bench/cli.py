@@ -44,6 +44,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--draft", default=None,
                    help="an `opttree distill` folder, a from_pretrained path, or truncated:N "
                         "(the target's first N layers)")
+    p.add_argument("--assistant", default=None,
+                   help="the draft for HF assisted generation when --draft is an EAGLE-style feature head "
+                        "(same forms as --draft; default: --draft itself)")
     p.add_argument("--methods", default=",".join(METHODS),
                    help="comma-separated: plain, assisted, lookup, opttree, opttree-lookup (plain is always run)")
     p.add_argument("--categories", default=None,
@@ -118,12 +121,16 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     target, tokenizer = load_target(args.target, dtype, device)
     draft = load_draft_model(args.draft, target, dtype, device)
+    assistant = load_draft_model(args.assistant, target, dtype, device) if args.assistant else None
+    if "assisted" in methods and assistant is None and not hasattr(draft, "generation_config"):
+        logger.warning("--draft is not an HF model: skipping assisted (give --assistant PATH)")
+        methods = [m for m in methods if m != "assisted"]
     logger.info("models loaded in %.1f s; %d questions, methods %s", time.perf_counter() - t0, len(questions),
                 ", ".join(methods))
     tree = {"nodes": args.nodes, "threshold": args.threshold, "max_depth": args.max_depth,
             "strategy": args.strategy, "verifier": args.verifier}
     header = {"command": "python -m opttree.bench " + " ".join(argv), "target_spec": args.target,
-              "draft_spec": args.draft, "questions_file": str(args.questions),
+              "draft_spec": args.draft, "assistant_spec": args.assistant or args.draft, "questions_file": str(args.questions),
               "categories": ",".join(dict.fromkeys(q.group for q in questions)), "quick": args.quick}
     result = run_bench(
         target, draft, tokenizer, questions, methods=methods, max_new_tokens=args.max_new_tokens,
@@ -131,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         tree={k: v for k, v in tree.items() if v is not None},
         extra_trees=extra_trees, prompt_lookup_num_tokens=args.prompt_lookup,
         num_assistant_tokens=args.assistant_tokens, assistant_schedule=args.assistant_schedule,
-        progress=not args.no_progress, header=header,
+        progress=not args.no_progress, header=header, assistant=assistant,
     )
     out = Path(args.out or Path("bench-results") / time.strftime("%Y%m%d-%H%M%S", time.gmtime()))
     written = result.write(out, plots=not args.no_plots)

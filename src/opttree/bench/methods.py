@@ -149,10 +149,14 @@ def parse_tree_spec(spec: str) -> dict:
 
 def make_methods(names, target, draft, *, tree: dict | None = None, extra_trees: list[dict] | None = None,
                  prompt_lookup_num_tokens: int = 10, num_assistant_tokens: int | None = None,
-                 assistant_schedule: str | None = None) -> list[Method]:
+                 assistant_schedule: str | None = None, assistant=None) -> list[Method]:
     """Methods by name (``plain``, ``assisted``, ``lookup``, ``opttree``, ``opttree-lookup``);
-    ``Method`` objects pass through. Each dict of ``extra_trees`` adds one more opttree method."""
+    ``Method`` objects pass through. Each dict of ``extra_trees`` adds one more opttree method.
+    ``assistant``: the HF model for ``assisted`` (default: ``draft``, when it is an HF model; an
+    EAGLE-style feature head is not one)."""
     tree = dict(tree or {})
+    if assistant is None and hasattr(draft, "generation_config"):
+        assistant = draft
     methods: list[Method] = []
     for name in names:
         if isinstance(name, Method):
@@ -160,7 +164,10 @@ def make_methods(names, target, draft, *, tree: dict | None = None, extra_trees:
         elif name == "plain":
             methods.append(plain_method(target))
         elif name == "assisted":
-            methods.append(assisted_method(target, _need(draft, name), num_assistant_tokens, assistant_schedule))
+            if assistant is None:
+                raise ValueError("method 'assisted' needs an HF draft model: --assistant PATH when --draft is a "
+                                 "feature head (HF assisted generation cannot use one)")
+            methods.append(assisted_method(target, assistant, num_assistant_tokens, assistant_schedule))
         elif name == "lookup":
             methods.append(lookup_method(target, prompt_lookup_num_tokens))
         elif name == "opttree":

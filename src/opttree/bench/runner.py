@@ -109,11 +109,12 @@ def run_bench(target, draft, tokenizer, questions: Sequence, *,
               max_turns: int | None = None, warmup: int = 1, seed: int = 0,
               tree: dict | None = None, extra_trees: list[dict] | None = None, prompt_lookup_num_tokens: int = 10,
               num_assistant_tokens: int | None = None, assistant_schedule: str | None = None,
-              progress: bool = True, header: dict | None = None,
+              progress: bool = True, header: dict | None = None, assistant=None,
               on_record: Callable[[TurnRecord], None] | None = None) -> "BenchResult":
     """Benchmark already-loaded models on Spec-Bench-style questions; returns a BenchResult.
 
-    target, draft: causal LMs (draft may be None if no method needs one); tokenizer: has
+    target, draft: causal LMs (draft may be None if no method needs one, and may be an EAGLE-style
+    feature head; then ``assistant``, an HF draft model, serves ``assisted``); tokenizer: has
     ``encode``, ``decode`` and ``apply_chat_template`` (or no ``chat_template``: a plain transcript);
     questions: Question objects or Spec-Bench rows (``question_id``, ``category``, ``turns``);
     methods: names (see :func:`~opttree.bench.methods.make_methods`) or Method objects; ``plain``
@@ -128,7 +129,8 @@ def run_bench(target, draft, tokenizer, questions: Sequence, *,
         methods.insert(0, REFERENCE)
     methods = make_methods(methods, target, draft, tree=tree, extra_trees=extra_trees,
                            prompt_lookup_num_tokens=prompt_lookup_num_tokens,
-                           num_assistant_tokens=num_assistant_tokens, assistant_schedule=assistant_schedule)
+                           num_assistant_tokens=num_assistant_tokens, assistant_schedule=assistant_schedule,
+                           assistant=assistant)
     if len({m.name for m in methods}) != len(methods):
         raise ValueError(f"method names must be unique, got {[m.name for m in methods]}")
     questions = [as_question(q) for q in questions]

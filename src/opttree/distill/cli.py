@@ -5,8 +5,13 @@ Example (the recipe of the shipped SmolLM2 draft is in drafts/smollm2-135m-draft
     opttree distill --target /path/to/model_dir --out my-draft \
         --num-seed-prompts 1024 --num-context-prompts 768 --max-minutes 40
 
+``--kind head`` (recommended) trains an EAGLE-style feature head that reads the target's last
+hidden state (:mod:`opttree.distill.head_train`); ``--kind layers`` an independent small model made
+of a few of the target's layers (:mod:`opttree.distill.train`).
+
 ``--stage data`` only generates (and caches) the target's answers; ``--stage train`` only
-trains on what is cached; ``all`` (default) does both. Generation is resumable: run the same
+trains on what is cached (for a head, it first caches the target's features of those answers);
+``all`` (default) does both. Generation is resumable: run the same
 command again after an interruption. Load the result with
 ``opttree.distill.load_draft(out_dir, target)``.
 """
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import random
 import sys
 from pathlib import Path
 
@@ -31,6 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="output folder of the draft")
     p.add_argument("--cache", help="data cache folder (default: $OPTTREE_CACHE/distill/<target>)")
     p.add_argument("--stage", choices=["all", "data", "train"], default="all")
+    p.add_argument("--kind", choices=["head", "layers"], default="head",
+                   help="head: an EAGLE-style feature head; layers: an independent small model")
     g = p.add_argument_group("data")
     g.add_argument("--prompts", help="JSONL of user prompts ('prompt' or 'turns'); default: self-made")
     g.add_argument("--num-seed-prompts", type=int, default=1024)
@@ -50,6 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--max-minutes", type=float, default=None)
     t.add_argument("--eval-every", type=int, default=100)
     t.add_argument("--save-dtype", default="float16", choices=["float16", "bfloat16", "float32"])
+    h = p.add_argument_group("feature head (--kind head)")
+    h.add_argument("--init-layer", type=int, default=-1, help="target layer copied into the head (-1: last)")
+    h.add_argument("--unroll", type=int, default=3, help="training-time test passes (tree depths trained)")
+    h.add_argument("--batch-tokens", type=int, default=2048)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     return p
@@ -108,11 +120,32 @@ def main(argv: list[str] | None = None) -> int:
         eval_every=args.eval_every, seed=args.seed, save_dtype=args.save_dtype,
     )
     stop = eos_ids(target, tokenizer)
+    if args.kind == "head":
+        return _train_head(target, records, cache, args, sorted(stop))
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(stop)
     result = train_draft(target, records, args.out, train_cfg, pad_id, sorted(stop))
     logger.info("draft saved to %s: val agreement %.3f after %d steps (%.1f min, %d answer tokens)",
                 result.path, result.val_agreement, result.steps, result.seconds / 60,
                 result.train_tokens)
+    return 0
+
+
+def _train_head(target, records: list[dict], cache: Path, args, always_keep: list[int]) -> int:
+    from .features import extract_features, load_features, unique_sequences
+    from .head_train import HeadTrainConfig, train_head
+
+    sequences = unique_sequences(records, 1024)
+    random.Random(args.seed).shuffle(sequences)
+    features = extract_features(target, sequences, cache / "features", topk=min(args.topk, 16))
+    cfg = HeadTrainConfig(
+        num_kept_tokens=args.kept_tokens, init_layer=args.init_layer, unroll=args.unroll, epochs=args.epochs,
+        batch_tokens=args.batch_tokens, max_len=args.max_len, lr=args.lr, max_minutes=args.max_minutes,
+        eval_every=args.eval_every, seed=args.seed, save_dtype=args.save_dtype,
+    )
+    result = train_head(target, load_features(features), args.out, cfg, always_keep)
+    logger.info("feature head saved to %s: val agreement by depth %s after %d steps (%.1f min, %d tokens)",
+                result.path, " ".join(f"{a:.3f}" for a in result.val_agreement), result.steps,
+                result.seconds / 60, result.train_tokens)
     return 0
 
 

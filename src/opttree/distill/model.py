@@ -153,7 +153,8 @@ def save_draft(draft, meta: DraftMeta, path: str | Path, dtype: torch.dtype | No
 
 
 def load_draft(path: str | Path, target, dtype: torch.dtype | None = None):
-    """Load a draft saved by :func:`save_draft`, completing it from ``target``.
+    """Load a draft saved by :func:`save_draft` (or a feature head saved by
+    :func:`opttree.distill.head.save_head`, returned as a FeatureHead), completing it from ``target``.
 
     The draft shares the target's input embedding and rebuilds its head rows from the target's
     output embedding, so ``target`` must be the model the draft was distilled from (a mismatch
@@ -163,7 +164,11 @@ def load_draft(path: str | Path, target, dtype: torch.dtype | None = None):
     from safetensors.torch import load_file
     from transformers import LlamaConfig
 
+    from .head import is_head, load_head
+
     path = Path(path)
+    if is_head(path):  # an EAGLE-style feature head (opttree.distill.head)
+        return load_head(path, target)
     meta = DraftMeta(**json.loads((path / META_FILE).read_text()))
     if meta.format != FORMAT:
         raise ValueError(f"{path}: unknown draft format {meta.format!r} (expected {FORMAT!r})")

@@ -145,17 +145,25 @@ def reduced_logits(draft, batch: Batch) -> torch.Tensor:
 
 def distill_loss(logits: torch.Tensor, batch: Batch, full_to_kept: torch.Tensor,
                  temperature: float) -> torch.Tensor:
+    """:func:`soft_hard_loss` at the batch's supervised positions."""
+    return soft_hard_loss(logits, batch.topk_ids, batch.topk_logits, batch.greedy, full_to_kept, temperature)
+
+
+def soft_hard_loss(logits: torch.Tensor, topk_ids: torch.Tensor, topk_logits: torch.Tensor,
+                   greedy: torch.Tensor, full_to_kept: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """Mean of soft CE (target top-k over kept tokens) and hard CE (greedy token), scalar.
 
-    ``logits`` [N, K]; ``full_to_kept`` [V] long: kept index of each vocabulary id or -1.
+    ``logits`` [N, K] over the kept tokens; ``topk_ids``/``topk_logits`` [N, k] the target's
+    soft labels; ``greedy`` [N] its greedy token; ``full_to_kept`` [V] long: kept index of each
+    vocabulary id or -1.
     """
     log_q = torch.log_softmax(logits.float() / temperature, dim=-1)  # [N, K]
-    kept = full_to_kept[batch.topk_ids]  # [N, k]
-    target = batch.topk_logits / temperature
+    kept = full_to_kept[topk_ids]  # [N, k]
+    target = topk_logits.float() / temperature
     target = target.masked_fill(kept < 0, float("-inf"))
     p = torch.softmax(target, dim=-1).nan_to_num(0.0)  # [N, k]; all-dropped rows → 0
     soft = -(p * log_q.gather(-1, kept.clamp(min=0))).sum(-1).mean()
-    hard_idx = full_to_kept[batch.greedy]  # [N]
+    hard_idx = full_to_kept[greedy]  # [N]
     valid = hard_idx >= 0
     hard = -log_q[valid].gather(-1, hard_idx[valid, None]).mean() if valid.any() else log_q.sum() * 0
     return (soft + hard) / 2

@@ -1,0 +1,108 @@
+"""Make, save and load a :class:`~opttree.drafters.feature_head.FeatureHead` (EAGLE-style draft).
+
+A saved head is a folder with ``opttree_draft.json`` (format tag, shapes, target fingerprint) and
+``model.safetensors`` holding only what the target cannot rebuild: fc, the layer, the norm, the
+output bias and the kept token ids. The embedding and the output rows come from the target at
+load time (:func:`load_head`, or :func:`opttree.distill.load_draft` which dispatches on the
+format).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from ..drafters.feature_head import FeatureHead, HeadConfig
+from .model import META_FILE, WEIGHTS_FILE, embedding_checksum
+
+logger = logging.getLogger(__name__)
+
+HEAD_FORMAT = "opttree-feature-head/1"
+
+
+@dataclass(frozen=True)
+class HeadMeta:
+    format: str
+    config: dict  # HeadConfig fields
+    init_layer: int | None
+    target_embedding_checksum: float
+    target_name: str = ""
+
+
+def output_rows(target, token_ids: torch.Tensor) -> torch.Tensor:
+    """Rows [K, H] of the target's output embedding for ``token_ids`` [K]."""
+    head = target.get_output_embeddings()
+    if head is None or getattr(head, "weight", None) is None:
+        raise ValueError("a feature head needs a target with an output embedding (lm_head) to share")
+    return head.weight[token_ids.to(head.weight.device)].detach().float().cpu()
+
+
+def new_head(target, token_ids: torch.Tensor | None = None, init_layer: int | None = None) -> tuple[FeatureHead, HeadMeta]:
+    """An untrained head for ``target`` over ``token_ids`` [K] (default: the whole vocabulary).
+
+    ``init_layer``: copy that decoder layer of the target into the head's layer (Llama-style
+    targets, whose layers have the same parameter names and shapes); None = random init.
+    """
+    c = HeadConfig.for_target(target.config)
+    ids = torch.arange(c.vocab_size) if token_ids is None else token_ids.cpu().long()
+    head = FeatureHead(c, target.get_input_embeddings(), output_rows(target, ids), ids)
+    with torch.no_grad():  # fc starts as "take the feature" (identity on that half): a sane start
+        head.fc.weight.zero_()
+        head.fc.weight[:, c.hidden_size:].copy_(torch.eye(c.hidden_size))
+        head.fc.bias.zero_()
+    if init_layer is not None:
+        layers = target.get_decoder().layers
+        head.layer.load_state_dict({k: v.float() for k, v in layers[init_layer].state_dict().items()})
+        norm = getattr(target.get_decoder(), "norm", None)
+        if norm is not None:
+            head.norm.weight.data.copy_(norm.weight.detach().float())
+    meta = HeadMeta(HEAD_FORMAT, c.to_dict(), init_layer, embedding_checksum(target),
+                    str(getattr(target.config, "_name_or_path", "")))
+    return head, meta
+
+
+def save_head(head: FeatureHead, meta: HeadMeta, path: str | Path, dtype: torch.dtype = torch.float16) -> Path:
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / META_FILE).write_text(json.dumps(asdict(meta), indent=2) + "\n")
+    state = {k: (v.to(dtype) if v.is_floating_point() else v).detach().contiguous().cpu()
+             for k, v in head.state_dict().items()}
+    save_file(state, str(path / WEIGHTS_FILE), metadata={"format": HEAD_FORMAT})
+    return path
+
+
+def is_head(path: str | Path) -> bool:
+    meta = Path(path) / META_FILE
+    return meta.exists() and json.loads(meta.read_text()).get("format") == HEAD_FORMAT
+
+
+def load_head(path: str | Path, target) -> FeatureHead:
+    """A saved head completed from ``target`` (its embedding and output rows), eval, float32,
+    on the device of the target's input embedding."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    meta = HeadMeta(**json.loads((path / META_FILE).read_text()))
+    if meta.format != HEAD_FORMAT:
+        raise ValueError(f"{path}: unknown format {meta.format!r} (expected {HEAD_FORMAT!r})")
+    c = HeadConfig(**meta.config)
+    config = target.config.get_text_config() if hasattr(target.config, "get_text_config") else target.config
+    if (config.hidden_size, config.vocab_size) != (c.hidden_size, c.vocab_size):
+        raise ValueError(
+            f"{path} is a feature head for a target with hidden size {c.hidden_size} and vocabulary "
+            f"{c.vocab_size}; this target has {config.hidden_size} and {config.vocab_size}: pass the "
+            "target it was trained on, or train one for this target with `opttree distill --kind head`"
+        )
+    if abs(embedding_checksum(target) - meta.target_embedding_checksum) > 1e-3 * max(1.0, abs(meta.target_embedding_checksum)):
+        logger.warning("%s: the target's embedding differs from the one the head was trained on", path)
+    state = load_file(str(path / WEIGHTS_FILE))
+    ids = state["token_ids"].long()
+    head = FeatureHead(c, target.get_input_embeddings(), output_rows(target, ids), ids)
+    head.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()})
+    return head.to(target.get_input_embeddings().weight.device).eval()

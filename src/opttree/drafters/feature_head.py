@@ -1,0 +1,294 @@
+"""An EAGLE-style draft: a one-layer head that reads the TARGET's features.
+
+The target's last hidden state ``f_j`` (the input of its output head, the *feature* at position
+``j``) already encodes everything the target knows about the next token. The head learns the
+feature dynamics instead of language from scratch: its entry at position ``j`` reads
+
+    x_j = fc([embed(t_j), f_{j-1}])                       # [H], f_{-1} = 0
+    g_j = norm(layer(x_j | entries 0..j-1))               # one causal decoder layer, RoPE
+    logits_j = g_j @ W[kept].T + b                        # the target's output rows, K kept tokens
+
+and is trained so that ``g_j ≈ f_j`` and ``logits_j`` ≈ the target's next-token logits at ``j``.
+While drafting, a tree node at depth d ≥ 1 has no target feature yet for its parent, so it reads
+the head's own prediction ``g`` of its parent instead (EAGLE's feature autoregression).
+
+:class:`FeatureHead` holds the weights (the embedding and output rows are the target's own,
+shared, never saved); :class:`FeatureHeadDrafter` is the per-call drafter with its own KV cache
+(see :mod:`opttree.drafters.base`). The generation loop feeds it the target's features of every
+committed position through :meth:`FeatureHeadDrafter.add_features` (it sets
+``wants_hidden_states``). Cached entries always hold TRUE target features: tree nodes, fed with
+predicted ones, are dropped at commit and the accepted tokens are fed again next step with the
+target's features.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+
+from ..tree import DraftTree
+
+
+@dataclass(frozen=True)
+class HeadConfig:
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    rms_eps: float = 1e-5
+    rope_theta: float = 10000.0
+
+    @classmethod
+    def for_target(cls, config) -> "HeadConfig":
+        """Shapes that match ``config`` (a target's HF config) where it names them."""
+        config = config.get_text_config() if hasattr(config, "get_text_config") else config
+        hidden = config.hidden_size
+        heads = getattr(config, "num_attention_heads", None) or max(1, hidden // 64)
+        rope = getattr(config, "rope_parameters", None) or {}
+        return cls(
+            hidden_size=hidden,
+            num_heads=heads,
+            num_kv_heads=getattr(config, "num_key_value_heads", None) or heads,
+            head_dim=getattr(config, "head_dim", None) or hidden // heads,
+            intermediate_size=getattr(config, "intermediate_size", None) or 4 * hidden,
+            vocab_size=config.vocab_size,
+            rms_eps=float(getattr(config, "rms_norm_eps", None) or 1e-5),
+            rope_theta=float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))),
+        )
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        variance = x.float().pow(2).mean(-1, keepdim=True)
+        return (x.float() * torch.rsqrt(variance + self.eps)).to(x.dtype) * self.weight
+
+
+def rotary(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """positions [b, q] long -> (cos, sin) [b, 1, q, head_dim] float32 (half-rotation layout)."""
+    inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim)
+    angles = positions[..., None].float() * inv  # [b, q, d/2]
+    angles = torch.cat([angles, angles], dim=-1)[:, None]  # [b, 1, q, d]
+    return angles.cos(), angles.sin()
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [b, heads, q, d] rotated by position."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return (x.float() * cos + rotated.float() * sin).to(x.dtype)
+
+
+@dataclass
+class KV:
+    keys: torch.Tensor  # [b, kv_heads, s, d]
+    values: torch.Tensor  # [b, kv_heads, s, d]
+
+    def __len__(self) -> int:
+        return self.keys.shape[2]
+
+    def cat(self, other: "KV") -> "KV":
+        return KV(torch.cat([self.keys, other.keys], 2), torch.cat([self.values, other.values], 2))
+
+    def select(self, slots: torch.Tensor) -> "KV":
+        return KV(self.keys[:, :, slots], self.values[:, :, slots])
+
+
+class HeadLayer(nn.Module):
+    """One pre-norm Llama-style decoder layer (parameter names as in HF Llama, so a Llama
+    target's layer can initialise it) with an explicit KV cache and additive mask."""
+
+    def __init__(self, c: HeadConfig):
+        super().__init__()
+        self.c = c
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_eps)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_eps)
+        self.self_attn = nn.Module()
+        self.self_attn.q_proj = nn.Linear(c.hidden_size, c.num_heads * c.head_dim, bias=False)
+        self.self_attn.k_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=False)
+        self.self_attn.v_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=False)
+        self.self_attn.o_proj = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=False)
+        self.mlp = nn.Module()
+        self.mlp.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.mlp.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.mlp.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+
+    def project_kv(self, h: torch.Tensor, cos, sin) -> KV:
+        """Normed input h [b, q, H] -> this layer's keys/values for it."""
+        b, q, _ = h.shape
+        c, a = self.c, self.self_attn
+        k = a.k_proj(h).view(b, q, c.num_kv_heads, c.head_dim).transpose(1, 2)
+        v = a.v_proj(h).view(b, q, c.num_kv_heads, c.head_dim).transpose(1, 2)
+        return KV(apply_rotary(k, cos, sin), v)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, past: KV | None,
+                mask: torch.Tensor) -> tuple[torch.Tensor, KV]:
+        """x [b, q, H]; positions [b, q]; past: cached entries (s of them) or None;
+        mask [b, 1, q, s + q] additive. Returns (output [b, q, H], the new entries' KV)."""
+        b, q, _ = x.shape
+        c, a = self.c, self.self_attn
+        cos, sin = rotary(positions, c.head_dim, c.rope_theta)
+        h = self.input_layernorm(x)
+        query = apply_rotary(a.q_proj(h).view(b, q, c.num_heads, c.head_dim).transpose(1, 2), cos, sin)
+        new = self.project_kv(h, cos, sin)
+        kv = new if past is None else past.cat(new)
+        attended = attend(query, kv, mask)  # [b, heads, q, d]
+        x = x + a.o_proj(attended.transpose(1, 2).reshape(b, q, c.num_heads * c.head_dim))
+        h = self.post_attention_layernorm(x)
+        x = x + self.mlp.down_proj(nn.functional.silu(self.mlp.gate_proj(h)) * self.mlp.up_proj(h))
+        return x, new
+
+
+def attend(query: torch.Tensor, kv: KV, mask: torch.Tensor) -> torch.Tensor:
+    """query [b, heads, q, d], kv with kv_heads dividing heads, mask [b, 1, q, s] additive."""
+    groups = query.shape[1] // kv.keys.shape[1]
+    keys = kv.keys.repeat_interleave(groups, dim=1)
+    values = kv.values.repeat_interleave(groups, dim=1)
+    return nn.functional.scaled_dot_product_attention(query, keys, values, attn_mask=mask.to(query.dtype))
+
+
+class FeatureHead(nn.Module):
+    """The head's weights. ``embed`` is the target's input embedding and ``out_weight`` [K, H]
+    rows of its output embedding (for the K tokens in ``token_ids``): both frozen, not saved."""
+
+    def __init__(self, c: HeadConfig, embed: nn.Module, out_weight: torch.Tensor, token_ids: torch.Tensor):
+        super().__init__()
+        self.c = c
+        self.fc = nn.Linear(2 * c.hidden_size, c.hidden_size, bias=True)
+        self.layer = HeadLayer(c)
+        self.norm = RMSNorm(c.hidden_size, c.rms_eps)
+        self.out_bias = nn.Parameter(torch.zeros(out_weight.shape[0]))
+        self.register_buffer("token_ids", token_ids.to(torch.long))  # [K]
+        self.register_buffer("out_weight", out_weight.detach().float().clone(), persistent=False)  # [K, H]
+        self.embed = [embed]  # a list: not a submodule, so never saved nor moved with the head
+
+    def forward(self, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
+                past: KV | None, mask: torch.Tensor) -> tuple[torch.Tensor, KV]:
+        """features [b, q, H] (f_{j-1}), tokens [b, q] (t_j), positions [b, q], mask
+        [b, 1, q, s + q] -> (predicted features g_j [b, q, H], the new entries' KV)."""
+        embedded = self.embed[0](tokens.to(self.embed[0].weight.device)).to(features.device, features.dtype)
+        x = self.fc(torch.cat([embedded, features], dim=-1))
+        x, new = self.layer(x, positions, past, mask)
+        return self.norm(x), new
+
+    def reduced_logits(self, predicted: torch.Tensor) -> torch.Tensor:
+        """predicted features [..., H] -> logits over the K kept tokens [..., K]."""
+        return nn.functional.linear(predicted, self.out_weight.to(predicted.dtype), self.out_bias)
+
+    def full_logits(self, predicted: torch.Tensor) -> torch.Tensor:
+        """[..., H] -> [..., V] float32; tokens outside the kept set get finfo.min."""
+        small = self.reduced_logits(predicted).float()
+        full = small.new_full((*small.shape[:-1], self.c.vocab_size), torch.finfo(torch.float32).min)
+        return full.index_copy_(-1, self.token_ids, small)
+
+    @property
+    def device(self) -> torch.device:
+        return self.fc.weight.device
+
+    def for_target(self, target) -> "FeatureHeadDrafter":
+        """A fresh drafter for one generate() call on ``target`` (checked to fit this head)."""
+        config = target.config.get_text_config() if hasattr(target.config, "get_text_config") else target.config
+        if (config.hidden_size, config.vocab_size) != (self.c.hidden_size, self.c.vocab_size):
+            raise ValueError(
+                f"this feature head was made for a target with hidden size {self.c.hidden_size} and "
+                f"vocabulary {self.c.vocab_size}, but the target has {config.hidden_size} and "
+                f"{config.vocab_size}; load the head with opttree.distill.load_draft(path, target) "
+                "for the target it was trained on, or train one with `opttree distill --kind head`"
+            )
+        return FeatureHeadDrafter(self)
+
+
+def causal_visible(q: int, s: int, device) -> torch.Tensor:
+    """[q, s + q] bool: q new entries see the s cached ones and the new ones up to themselves."""
+    visible = torch.ones(q, s + q, dtype=torch.bool, device=device)
+    visible[:, s:] = torch.ones(q, q, dtype=torch.bool, device=device).tril()
+    return visible
+
+
+def additive(visible: torch.Tensor) -> torch.Tensor:
+    """[q, k] bool -> [1, 1, q, k] float32 additive mask."""
+    return torch.zeros(visible.shape, device=visible.device).masked_fill_(~visible, float("-inf"))[None, None]
+
+
+class FeatureHeadDrafter:
+    """Drafts trees with a :class:`FeatureHead`; one instance per generate() call."""
+
+    wants_hidden_states = True  # the generation loop calls add_features with the target's features
+    context_length = None  # RoPE: no limit of its own
+
+    def __init__(self, head: FeatureHead, to_probs: Callable[[torch.Tensor], torch.Tensor] | None = None):
+        self.head = head
+        self.to_probs = to_probs or (lambda logits: torch.softmax(logits, dim=-1))
+        self.kv: KV | None = None  # entries 0..cached-1, all with true target features
+        self.pending = torch.zeros(1, head.c.hidden_size, device=head.device)  # f_{cached-1}, f_{cached}, ...
+        self.tree_kv: KV | None = None  # this step's tree nodes, in feeding order
+        self.tree_ids: list[int] = []  # pool id of each tree_kv entry
+        self.predicted: dict[int, torch.Tensor] = {}  # pool id (-1: root) -> g [H]
+        self.root_position = 0
+        self.forwards = 0
+
+    @property
+    def cached(self) -> int:
+        return 0 if self.kv is None else len(self.kv)
+
+    def add_features(self, features: torch.Tensor) -> None:
+        """The target's features [m, H] of the next m committed positions."""
+        self.pending = torch.cat([self.pending, features.to(self.pending.device, self.pending.dtype)])
+
+    def _run(self, features, tokens, positions, visible) -> torch.Tensor:
+        """Feed q entries ([q, H], [q], [q]) seeing ``visible`` [q, s + q] of cache + tree + them."""
+        with torch.inference_mode():
+            past = self.kv if self.tree_kv is None else self.kv.cat(self.tree_kv)
+            predicted, new = self.head(features[None], tokens[None], positions[None], past, additive(visible))
+        self.forwards += 1
+        return predicted[0], new  # [q, H]
+
+    def root_probs(self, sequence: torch.Tensor) -> torch.Tensor:
+        start, end = self.cached, len(sequence)
+        if end - start > len(self.pending):
+            raise AssertionError("the feature head lacks target features for committed tokens; this is a bug")
+        device = self.head.device
+        tokens = sequence[start:end].to(device)
+        positions = torch.arange(start, end, device=device)
+        self.tree_kv, self.tree_ids, self.predicted = None, [], {}
+        g, new = self._run(self.pending[: end - start], tokens, positions, causal_visible(end - start, start, device))
+        self.kv = new if self.kv is None else self.kv.cat(new)
+        self.pending = self.pending[end - start:]
+        self.root_position = end - 1
+        self.predicted[-1] = g[-1]
+        return self.to_probs(self.head.full_logits(g[-1:]))[0]
+
+    def expand(self, pool: DraftTree, frontier: torch.Tensor) -> torch.Tensor:
+        device = self.head.device
+        ids = frontier.tolist()
+        parents = pool.parents[frontier].tolist()
+        features = torch.stack([self.predicted[p] for p in parents])  # [k, H]
+        positions = (self.root_position + pool.depths()[frontier]).to(device)
+        columns = self.tree_ids + ids
+        ancestors = pool.ancestor_mask()  # [m, m]
+        tail = ancestors[frontier.to(ancestors.device)][:, torch.tensor(columns, device=ancestors.device)]
+        visible = torch.ones(len(ids), self.cached + len(columns), dtype=torch.bool, device=device)
+        visible[:, self.cached:] = tail.to(device)
+        g, new = self._run(features, pool.tokens[frontier].to(device), positions, visible)
+        self.tree_kv = new if self.tree_kv is None else self.tree_kv.cat(new)
+        self.tree_ids = columns
+        for pid, row in zip(ids, g):
+            self.predicted[pid] = row
+        return self.to_probs(self.head.full_logits(g))
+
+    def commit(self, accepted_pool_ids: list[int]) -> None:
+        # Tree entries read predicted features: drop them all. The accepted tokens are fed again,
+        # with the target's features, by the next root_probs.
+        self.tree_kv, self.tree_ids, self.predicted = None, [], {}
