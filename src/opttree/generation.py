@@ -42,6 +42,21 @@ def target_forward(target, inputs, cache, hidden: bool) -> tuple[torch.Tensor, t
     return out.logits[0].float(), out.hidden_states[-1][0] if hidden else None
 
 
+def node_choice(sequence: torch.Tensor, logits_processor, pick, generator=None):
+    """verify()'s ``choose`` and ``process`` at the nodes of a tree hanging under ``sequence``
+    ([T] long, every committed token: what generate()'s processors see as the context)."""
+
+    def process(emitted: list[int], row: torch.Tensor) -> torch.Tensor:  # the node's processed scores
+        context = torch.cat([sequence, torch.tensor(emitted, dtype=sequence.dtype, device=sequence.device)])
+        return logits_processor(context[None, :], row[None, :])[0]
+
+    def choose(emitted: list[int], row: torch.Tensor):
+        scores = process(emitted, row)
+        return pick(scores, generator), scores
+
+    return choose, process
+
+
 def speculative_decode(
     target,
     drafter,
@@ -96,14 +111,7 @@ def speculative_decode(
         logits = logits.to(sequence.device)  # [n + 1, vocab], where generate() keeps ids
 
         # 3. walk the tree: the target's own token at the root and at each accepted node
-        def process(emitted: list[int], row: torch.Tensor) -> torch.Tensor:  # the node's processed scores
-            context = torch.cat([sequence, torch.tensor(emitted, dtype=sequence.dtype, device=sequence.device)])
-            return logits_processor(context[None, :], row[None, :])[0]
-
-        def choose(emitted: list[int], row: torch.Tensor):
-            scores = process(emitted, row)
-            return pick(scores, generator), scores
-
+        choose, process = node_choice(sequence, logits_processor, pick, generator)
         acceptance = verify(built, tree, logits, choose, config, process=process if do_sample else None,
                             generator=generator)
         t2 = time.perf_counter()

@@ -11,14 +11,15 @@ from dataclasses import dataclass
 import torch
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
+from .batch import check_batch, speculative_decode_batch
 from .config import TreeConfig
 from .drafters import make_drafter
 from .drafters.feature_head import FeatureHeadDrafter
-from .drafters.model import ModelDrafter
+from .drafters.model import BatchModelDrafter, ModelDrafter
 from .generation import speculative_decode
 from .sampling import draft_to_probs
 from .stats import GenerationStats
-from .validation import check_inputs, check_pair, context_length
+from .validation import check_inputs, check_pair, context_length, is_batch
 from . import budget, kv_cache
 
 
@@ -40,7 +41,11 @@ def _decode(model, draft_model, config: TreeConfig, input_ids, logits_processor,
     draft_context = getattr(drafter, "context_length", None)
     if draft_context is not None:
         max_context = min(max_context or draft_context, draft_context)
-    check_inputs(input_ids, model_kwargs.get("attention_mask"), max_context)
+    attention_mask = model_kwargs.get("attention_mask")
+    check_inputs(input_ids, attention_mask, max_context)
+    if is_batch(input_ids, attention_mask):
+        return _decode_batch(model, drafter, config, input_ids, attention_mask, logits_processor, stopping_criteria,
+                             generation_config, streamer, generator, model_kwargs.get("past_key_values"), max_context)
     config = budget.resolve(config, model, drafter)  # nodes/threshold="auto": measure this machine
     max_length = stopping_criteria.max_length or generation_config.max_length
     cache = model_kwargs.get("past_key_values")
@@ -68,6 +73,37 @@ def _decode(model, draft_model, config: TreeConfig, input_ids, logits_processor,
             sequences=result.sequences, scores=result.scores, logits=result.logits,
             past_key_values=cache, stats=result.stats,
         )
+    return result.sequences
+
+
+def _decode_batch(model, drafter, config: TreeConfig, input_ids, attention_mask, logits_processor, stopping_criteria,
+                  generation_config, streamer, generator, cache, max_context):
+    """Several prompts (or a padded one): batch.py's loop."""
+    check_batch(drafter, config, generation_config, streamer)
+    if attention_mask is None:
+        attention_mask = torch.ones_like(input_ids)
+    drafter = BatchModelDrafter.from_drafter(drafter, input_ids.shape[0])
+    max_length = stopping_criteria.max_length or generation_config.max_length
+    if cache is None:
+        cache = kv_cache.new_cache(model)
+    # holes: a step adds 1 + the most tokens any row accepted, so the caches may outgrow the rows
+    steps = max(max_length - input_ids.shape[1], 1)
+    total = input_ids.shape[1] + steps * (1 + min(config.nodes, config.max_depth)) + config.nodes
+    kv_cache.check_cache(cache, total)
+    kv_cache.check_cache(drafter.cache, total)
+    pad = generation_config._pad_token_tensor
+    with torch.inference_mode():
+        result = speculative_decode_batch(
+            model, drafter, input_ids, attention_mask, cache, logits_processor, stopping_criteria, config,
+            max_length=max_length,
+            context_length=max_context or (1 << 62),
+            pad_token_id=None if pad is None else int(pad),
+            pad_finished=any(hasattr(c, "eos_token_id") for c in stopping_criteria),  # as generate()'s _sample
+            do_sample=bool(generation_config.do_sample),
+            generator=generator,
+        )
+    if generation_config.return_dict_in_generate:  # the cache has lost the finished rows: not returned
+        return SpeculativeDecoderOnlyOutput(sequences=result.sequences, stats=result.stats)
     return result.sequences
 
 

@@ -58,3 +58,41 @@ def keep_slots(cache: DynamicCache, start: int, slots: torch.Tensor) -> None:
             layer.values[..., start:start + k, :] = layer.values[..., idx, :]
     if total > start + k:
         cache.crop(-(total - start - k))
+
+
+# ---------------------------------------------------------------------------------------------
+# batches (batch.py): rows share the slots; a row's unused slots are holes its mask hides
+
+
+def keep_row_slots(cache: DynamicCache, start: int, slots: torch.Tensor) -> None:
+    """Row b keeps slots ``[0, start)`` followed by ``slots[b]``; everything after is dropped.
+
+    slots: [B, k] long, each >= start. A row that keeps fewer than k slots repeats one of them:
+    the copies are holes that its attention mask must hide.
+    """
+    total = cache.get_seq_length()
+    rows, k = slots.shape
+    if k and not bool((slots == torch.arange(start, start + k, device=slots.device)).all()):
+        for layer in cache.layers:
+            if not getattr(layer, "is_initialized", True):
+                continue
+            _, heads, _, dim = layer.keys.shape
+            idx = slots.to(layer.keys.device)[:, None, :, None].expand(rows, heads, k, dim)  # [B, H, k, D]
+            layer.keys[..., start:start + k, :] = torch.gather(layer.keys, 2, idx)
+            idx = slots.to(layer.values.device)[:, None, :, None].expand(rows, heads, k, layer.values.shape[-1])
+            layer.values[..., start:start + k, :] = torch.gather(layer.values, 2, idx)
+    if total > start + k:
+        cache.crop(-(total - start - k))
+
+
+def select(cache: DynamicCache, rows: torch.Tensor, columns: torch.Tensor | None = None) -> None:
+    """Keep only batch rows ``rows`` ([R] long) and, if given, slots ``columns`` ([C] long, ascending)."""
+    for layer in cache.layers:
+        if not getattr(layer, "is_initialized", True) or layer.keys.numel() == 0:
+            continue
+        keys, values = layer.keys[rows.to(layer.keys.device)], layer.values[rows.to(layer.values.device)]
+        if columns is not None:
+            keys, values = keys[:, :, columns.to(keys.device)], values[:, :, columns.to(values.device)]
+            if hasattr(layer, "cumulative_length"):  # sliding-window layers count their slots
+                layer.cumulative_length = keys.shape[-2]
+        layer.keys, layer.values = keys, values

@@ -6,6 +6,10 @@ A forward over q new tokens on top of ``past_len`` cached ones takes
   position_ids    [1, q]  rotary / learned positions = past_len + depth of each token;
   cache_position  [q]     cache slots = past_len … past_len + q - 1.
 Positions and cache slots differ for tree tokens: siblings share a position, never a slot.
+
+A batch (rows of different lengths and trees, batch.py) shares the cache slots: the mask is
+[B, 1, q, past_len + q], each row seeing only the slots that hold ITS committed tokens (left
+padding and holes are hidden), and its rotary positions count only its own tokens.
 """
 
 from __future__ import annotations
@@ -30,10 +34,10 @@ class ForwardInputs:
 
 
 def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """visible: [q, kv] bool -> [1, 1, q, kv] additive mask in ``dtype``."""
+    """visible: [q, kv] bool -> [1, 1, q, kv] (or [B, q, kv] -> [B, 1, q, kv]) additive mask in ``dtype``."""
     mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
     mask.masked_fill_(~visible, torch.finfo(dtype).min)
-    return mask[None, None]
+    return mask[None, None] if visible.dim() == 2 else mask[:, None]
 
 
 def tree_forward_inputs(
@@ -63,11 +67,72 @@ def verification_inputs(root_token: int, tree: DraftTree, past_len: int, dtype: 
 
     Row 0 of the output predicts the root's children; row 1 + i those of node i.
     """
-    n = len(tree)
     device = tree.tokens.device
-    visible = torch.zeros(n + 1, n + 1, dtype=torch.bool, device=device)
-    visible[:, 0] = True  # everyone sees the root
-    visible[1:, 1:] = tree.ancestor_mask()
     tokens = torch.cat([torch.tensor([root_token], device=device), tree.tokens])
     depths = torch.cat([torch.zeros(1, dtype=torch.long, device=device), tree.depths()])
-    return tree_forward_inputs(tokens, past_len + depths, visible, past_len, dtype)
+    return tree_forward_inputs(tokens, past_len + depths, tree_visibility(tree), past_len, dtype)
+
+
+def tree_visibility(tree: DraftTree) -> torch.Tensor:
+    """[n + 1, n + 1] bool over the root (0) and the nodes (1 + i): each sees the root and its ancestors."""
+    n = len(tree)
+    visible = torch.zeros(n + 1, n + 1, dtype=torch.bool, device=tree.tokens.device)
+    visible[:, 0] = True  # everyone sees the root
+    visible[1:, 1:] = tree.ancestor_mask()
+    return visible
+
+
+# ---------------------------------------------------------------------------------------------
+# batches: rows share the cache slots, not the positions
+
+
+def row_visibility(prefix_visible: torch.Tensor, tail_visible: torch.Tensor, past_len: int) -> torch.Tensor:
+    """What each row's q new tokens see.
+
+    prefix_visible: [B, P] bool, which of the first P cached slots hold the row's committed tokens
+    tail_visible:   [B, q, c] bool, which of the LAST c columns (slots of this step, new tokens
+                    included) each new token sees; slots in between (P ≤ slot < past_len + q - c)
+                    are hidden
+    returns:        [B, q, past_len + q] bool
+    """
+    rows, q, c = tail_visible.shape
+    kv = past_len + q
+    visible = torch.zeros(rows, q, kv, dtype=torch.bool, device=tail_visible.device)
+    visible[:, :, :prefix_visible.shape[1]] = prefix_visible[:, None, :]
+    visible[:, :, kv - c:] = tail_visible
+    return visible
+
+
+def batch_forward_inputs(tokens: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor, past_len: int,
+                         dtype: torch.dtype) -> ForwardInputs:
+    """tokens, positions: [B, q] long; visible: [B, q, past_len + q] bool (see :func:`row_visibility`)."""
+    return ForwardInputs(
+        input_ids=tokens,
+        attention_mask=additive_mask(visible, dtype),
+        position_ids=positions,
+        cache_position=torch.arange(past_len, past_len + tokens.shape[1], device=tokens.device),
+    )
+
+
+def batch_verification_inputs(roots: torch.Tensor, trees: list[DraftTree], root_positions: torch.Tensor,
+                              prefix_visible: torch.Tensor, dtype: torch.dtype) -> ForwardInputs:
+    """The target's input for a batch: row b = its root, its tree, then dummy nodes up to the
+    largest tree (the root's token, seeing the prefix and themselves; their outputs are unused).
+
+    roots: [B] long; root_positions: [B] long, each root's rotary position (= the row's count of
+    committed tokens before it); prefix_visible: [B, past_len] bool, the slots of each row's
+    committed tokens. Row b's logits are output rows 0 … len(trees[b]) (0 = the root).
+    """
+    rows, past_len = prefix_visible.shape
+    q = 1 + max(len(tree) for tree in trees)
+    device = prefix_visible.device
+    tokens = roots[:, None].repeat(1, q)  # [B, q]
+    positions = root_positions[:, None].repeat(1, q)  # [B, q]
+    tail = torch.eye(q, dtype=torch.bool, device=device).repeat(rows, 1, 1)  # [B, q, q]
+    for b, tree in enumerate(trees):
+        n = len(tree)
+        tokens[b, 1:n + 1] = tree.tokens
+        positions[b, 1:n + 1] += tree.depths()
+        tail[b, :n + 1, :n + 1] = tree_visibility(tree)
+    visible = row_visibility(prefix_visible, tail, past_len)
+    return batch_forward_inputs(tokens, positions, visible, past_len, dtype)

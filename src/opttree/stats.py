@@ -19,6 +19,7 @@ class StepStats:
     verify_seconds: float
     tree: DraftTree | None = None  # the verified draft tree (tokens, parents, p̂), for a look at it
     accepted_nodes: list[int] | None = None  # node ids of `tree` the target accepted, root to leaf
+    rows: int = 1  # batch rows verified in this step's forward (a batch step sums its rows' figures)
 
 
 @dataclass
@@ -26,6 +27,9 @@ class GenerationStats:
     prompt_tokens: int = 0
     new_tokens: int = 0
     steps: list[StepStats] = field(default_factory=list)
+    # a batch (batch.py): each row's own stats, in the batch's order; ``steps`` then holds one
+    # StepStats per batched step, summed over the rows in it (tree_size, accepted, emitted, E(A))
+    rows: list["GenerationStats"] | None = None
 
     @property
     def target_forwards(self) -> int:
@@ -39,7 +43,8 @@ class GenerationStats:
 
     @property
     def mean_accepted_tokens(self) -> float:
-        """τ: mean tokens emitted per verification forward."""
+        """τ: mean tokens emitted per verification forward (for a batch: summed over its rows;
+        each row's own τ is ``rows[b].mean_accepted_tokens``)."""
         return self.new_tokens / max(len(self.steps), 1)
 
     @property

@@ -55,14 +55,15 @@ def check_pair(target, draft, tokenizer=None, draft_tokenizer=None) -> None:
         )
 
 
+def is_batch(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> bool:
+    """Several prompts, or a padded one: decoded by batch.py (one unpadded prompt: generation.py)."""
+    padded = attention_mask is not None and attention_mask.dim() == 2 and not bool(attention_mask.all())
+    return input_ids.shape[0] > 1 or padded
+
+
 def check_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor | None, max_context: int | None) -> None:
-    if input_ids.shape[0] != 1:
-        raise NotImplementedError(
-            f"opttree decodes one sequence at a time for now (got a batch of {input_ids.shape[0]}); "
-            "call generate() once per prompt"
-        )
-    if attention_mask is not None and attention_mask.dim() == 2 and not bool(attention_mask.all()):
-        raise NotImplementedError("padded inputs are not supported yet: pass the prompt without padding")
+    if attention_mask is not None and attention_mask.dim() != 2:
+        raise NotImplementedError("opttree takes a 2D attention_mask [batch, length] (1 = token, 0 = left padding)")
     if max_context is not None and input_ids.shape[1] >= max_context:
         raise ValueError(
             f"the prompt has {input_ids.shape[1]} tokens but the model's context holds {max_context}; "
