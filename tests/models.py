@@ -55,3 +55,21 @@ def peaked(model, scale: float = 100.0):
     with torch.no_grad():
         model.get_output_embeddings().weight.mul_(scale)
     return model
+
+
+def partly_agreeing(target, fraction: float = 0.5, seed: int = 0):
+    """A draft that agrees with ``target`` except on some tokens: a copy whose LM head swaps the rows
+    of random token pairs covering ``fraction`` of the vocabulary (untied from the input embedding),
+    so it predicts b where the target predicts a. Rows whose continuations use those tokens accept
+    little, the others a lot."""
+    import copy
+
+    draft = copy.deepcopy(target)
+    head = draft.get_output_embeddings()
+    pairs = torch.randperm(VOCAB, generator=torch.Generator().manual_seed(seed))[: int(VOCAB * fraction) // 2 * 2]
+    a, b = pairs.view(-1, 2).unbind(1)
+    with torch.no_grad():
+        weight = head.weight.detach().clone()
+        weight[a], weight[b] = head.weight[b].detach().clone(), head.weight[a].detach().clone()
+    head.weight = torch.nn.Parameter(weight)
+    return draft

@@ -69,18 +69,22 @@ def test_attention_backend_that_ignores_tree_masks(impl):
         run(draft, target, ids())
 
 
-def test_batch_larger_than_one():
+def test_batches_refuse_what_they_cannot_do_yet():
+    """Batches themselves: test_batch.py. Each refusal names the fix."""
     target = tiny_model("llama")
-    with pytest.raises(NotImplementedError, match="one sequence at a time"):
-        run(target, target, ids(batch=2))
-
-
-def test_padded_prompt():
-    target = tiny_model("llama")
-    mask = torch.ones(1, 6, dtype=torch.long)
-    mask[0, 0] = 0
-    with pytest.raises(NotImplementedError, match="padded"):
-        run(target, target, ids(), attention_mask=mask)
+    batch = ids(batch=2)
+    mask = torch.ones_like(batch)
+    mask[0, :2] = 0  # row 0 left-padded
+    with pytest.raises(NotImplementedError, match="need a draft model.*once per prompt"):
+        run(target, "prompt_lookup", batch, attention_mask=mask)
+    with pytest.raises(NotImplementedError, match="pass numbers"):
+        run(target, target, batch, attention_mask=mask, nodes="auto")
+    with pytest.raises(NotImplementedError, match="output_scores"):
+        run(target, target, batch, attention_mask=mask, output_scores=True, return_dict_in_generate=True)
+    with pytest.raises(ValueError, match="padding_side = 'left'"):
+        run(target, target, batch, attention_mask=mask.flip(1))  # right padding
+    with pytest.raises(ValueError, match="padding_side = 'left'"):
+        run(target, target, ids(), attention_mask=torch.tensor([[1, 1, 0, 1, 1, 1]]))  # a hole
 
 
 def test_prompt_longer_than_the_context():
