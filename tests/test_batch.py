@@ -296,3 +296,48 @@ def test_sampling_is_reproducible_and_rows_differ():
     runs = [target.generate(ids, generator=torch.Generator().manual_seed(s), **kw) for s in (1, 1, 2)]
     assert torch.equal(runs[0], runs[1])
     assert not torch.equal(runs[0], runs[2])
+
+
+# ---------------------------------------------------------------------------------------------
+# the lockstep that lets the rows' tree builders share draft forwards
+
+
+def test_lockstep_batches_every_round_and_drops_finished_tasks():
+    from opttree.lockstep import run_in_lockstep
+
+    rounds = []
+
+    def task(row, layers):
+        def run(call):
+            return [call((row, layer)) for layer in range(layers)]
+        return run
+
+    def answer_all(requests):
+        rounds.append(list(requests))
+        return [f"{row}:{layer}" for row, layer in requests]
+
+    results = run_in_lockstep([task(0, 2), task(1, 0), task(2, 3)], answer_all)
+    assert results == [["0:0", "0:1"], [], ["2:0", "2:1", "2:2"]]
+    assert rounds == [[(0, 0), (2, 0)], [(0, 1), (2, 1)], [(2, 2)]]  # one call per round, row order
+
+
+def test_lockstep_reraises_a_failing_task_and_ends_the_others():
+    import threading
+
+    from opttree.lockstep import run_in_lockstep
+
+    def waits_forever(call):
+        while True:
+            call("again")
+
+    def fails(call):
+        call("once")
+        raise RuntimeError("boom")
+
+    before = threading.active_count()
+    with pytest.raises(RuntimeError, match="boom"):
+        run_in_lockstep([waits_forever, fails, waits_forever], lambda requests: [None] * len(requests))
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and thread.daemon:
+            thread.join(timeout=2)
+    assert threading.active_count() <= before
