@@ -66,3 +66,31 @@ def test_greedy_equality_on_spec_bench(smollm2, real_draft):
         assert torch.equal(out, ref), tok.decode(ref[0, ids["input_ids"].shape[1]:])
         accepted += gen.last_stats.accept_lengths
     assert sum(accepted) == 24 * len(prompts) or all(a >= 1 for a in accepted)
+
+
+def test_batched_greedy_equality_on_spec_bench(smollm2, real_draft):
+    """Three prompts of different lengths, left-padded, in one batch: row by row what the target's
+    own batched greedy generate() returns."""
+    from opttree import speculative_generate
+
+    target, tok = smollm2
+    rows = []
+    for text in spec_bench_prompts()[:3]:
+        ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                      return_tensors="pt", return_dict=True)["input_ids"][0, -64:]
+        rows.append(ids)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else target.generation_config.eos_token_id
+    pad = pad[0] if isinstance(pad, list) else pad
+    width = max(len(r) for r in rows)
+    input_ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    for b, r in enumerate(rows):
+        input_ids[b, width - len(r):], mask[b, width - len(r):] = r, 1
+    assert len({len(r) for r in rows}) > 1  # really padded
+    kw = dict(attention_mask=mask, max_new_tokens=12, do_sample=False, pad_token_id=pad)
+    ref = target.generate(input_ids, **kw)
+    out = target.generate(input_ids, custom_generate=speculative_generate, draft_model=real_draft, nodes=16,
+                          threshold=0.3, max_depth=6, return_dict_in_generate=True, **kw)
+    for b in range(len(rows)):
+        assert torch.equal(out.sequences[b], ref[b]), b
+    assert len(out.stats.rows) == len(rows)

@@ -90,9 +90,10 @@ def select(cache: DynamicCache, rows: torch.Tensor, columns: torch.Tensor | None
     for layer in cache.layers:
         if not getattr(layer, "is_initialized", True) or layer.keys.numel() == 0:
             continue
-        keys, values = layer.keys[rows.to(layer.keys.device)], layer.values[rows.to(layer.values.device)]
+        keys = layer.keys.index_select(0, rows.to(layer.keys.device))
+        values = layer.values.index_select(0, rows.to(layer.values.device))
         if columns is not None:
-            keys, values = keys[:, :, columns.to(keys.device)], values[:, :, columns.to(values.device)]
+            keys, values = keys.index_select(2, columns.to(keys.device)), values.index_select(2, columns.to(values.device))
             if hasattr(layer, "cumulative_length"):  # sliding-window layers count their slots
                 layer.cumulative_length = keys.shape[-2]
         layer.keys, layer.values = keys, values
