@@ -71,6 +71,21 @@ def test_equal_to_batched_greedy_generate_row_by_row(family):
             assert [r.new_tokens for r in out.stats.rows] == emitted(ref, ids.shape[1], target.generation_config.eos_token_id)
 
 
+@pytest.mark.parametrize("family,attn,dtype", [
+    ("llama", "eager", torch.bfloat16), ("opt", "sdpa", torch.bfloat16), ("gpt2", "eager", torch.float16),
+], ids=str)
+def test_half_precision_and_eager_batches(family, attn, dtype):
+    """The additive row masks in half precision, with eager attention too (a bool mask went wrong
+    there, DESIGN-NOTES), on a peaked target whose argmax margins dwarf half-precision rounding."""
+    target = peaked(tiny_model(family, attn=attn, dtype=dtype), scale=30.0)
+    drafts = [target, partly_agreeing(target), tiny_model(family, seed=1, attn=attn, dtype=torch.float32)]
+    ids, mask = padded([2, 11, 6], seed=12, pad=target.generation_config.pad_token_id)
+    ref = target.generate(ids, attention_mask=mask, max_new_tokens=16, do_sample=False)
+    for draft in drafts:
+        out = spec(target, draft, ids, mask, max_new_tokens=16, nodes=8, threshold=0.0)
+        assert torch.equal(out.sequences, ref), draft.dtype
+
+
 def test_rows_accept_their_own_numbers_of_tokens():
     """With a draft that agrees on some tokens only, rows accept very different amounts, even
     within one step (the holes of the rows that accepted fewer are masked)."""
@@ -296,6 +311,11 @@ def test_sampling_is_reproducible_and_rows_differ():
     runs = [target.generate(ids, generator=torch.Generator().manual_seed(s), **kw) for s in (1, 1, 2)]
     assert torch.equal(runs[0], runs[1])
     assert not torch.equal(runs[0], runs[2])
+    # num_return_sequences: generate() repeats the prompt into a batch, each row samples its own
+    out = target.generate(ids[:1, -3:], max_new_tokens=12, do_sample=True, temperature=1.5, num_return_sequences=3,
+                          custom_generate=speculative_generate, draft_model=drafts["partly"], nodes=6,
+                          generator=torch.Generator().manual_seed(0))
+    assert out.shape == (3, 15) and len({tuple(row) for row in out[:, 3:].tolist()}) > 1
 
 
 # ---------------------------------------------------------------------------------------------
