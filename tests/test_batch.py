@@ -361,3 +361,41 @@ def test_lockstep_reraises_a_failing_task_and_ends_the_others():
         if thread is not threading.current_thread() and thread.daemon:
             thread.join(timeout=2)
     assert threading.active_count() <= before
+
+
+# ---------------------------------------------------------------------------------------------
+# pieces
+
+
+def test_batch_verification_inputs_pad_trees_with_dummies_and_hide_other_slots():
+    from opttree import DraftTree
+    from opttree.masks import batch_verification_inputs
+
+    small = DraftTree(torch.tensor([7]), torch.tensor([-1]), torch.tensor([0.5]))
+    big = DraftTree(torch.tensor([4, 5, 6]), torch.tensor([-1, 0, -1]), torch.tensor([0.6, 0.3, 0.2]))
+    valid = torch.tensor([[False, True, True, False], [True, True, True, True]])  # [2, 4]: padding, a hole
+    inputs = batch_verification_inputs(torch.tensor([9, 8]), [small, big], valid.sum(1), valid, torch.float32)
+    assert inputs.input_ids.tolist() == [[9, 7, 9, 9], [8, 4, 5, 6]]  # dummies carry the root token
+    assert inputs.position_ids.tolist() == [[2, 3, 2, 2], [4, 5, 6, 5]]  # own token count + depth
+    assert inputs.cache_position.tolist() == [4, 5, 6, 7]  # shared slots
+    seen = inputs.attention_mask[:, 0] == 0  # [2, 4, 8]
+    assert seen[0].int().tolist() == [[0, 1, 1, 0, 1, 0, 0, 0],   # root
+                                      [0, 1, 1, 0, 1, 1, 0, 0],   # node 0
+                                      [0, 1, 1, 0, 0, 0, 1, 0],   # dummy: prefix and itself
+                                      [0, 1, 1, 0, 0, 0, 0, 1]]
+    assert seen[1, 2].int().tolist() == [1, 1, 1, 1, 1, 1, 1, 0]  # node 1 under node 0
+
+
+def test_keep_row_slots_moves_each_rows_path_to_the_front():
+    from transformers import DynamicCache
+
+    from opttree import kv_cache
+
+    cache = DynamicCache()
+    keys = torch.arange(2 * 6, dtype=torch.float32).view(2, 1, 6, 1)  # [B, H, slots, D]: value = slot id
+    cache.update(keys, keys.clone(), 0)
+    kv_cache.keep_row_slots(cache, 2, torch.tensor([[2, 5], [3, 3]]))  # row 0 keeps 2 slots, row 1 one
+    assert cache.get_seq_length() == 4
+    assert cache.layers[0].keys[:, 0, :, 0].tolist() == [[0, 1, 2, 5], [6, 7, 9, 9]]  # row 1: a hole at the end
+    kv_cache.select(cache, torch.tensor([1]), torch.tensor([0, 2]))
+    assert cache.layers[0].keys[:, 0, :, 0].tolist() == [[6, 9]]

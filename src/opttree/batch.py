@@ -9,7 +9,7 @@ holding each row's committed tokens (all but its root); left padding, a row's un
 step (the *holes*, when another row accepted more) and the dummy nodes that pad every tree to the
 batch's largest are hidden by each row's 4D additive mask. A row's rotary positions count only its
 own tokens, as generate() computes them from the attention mask; so a row's logits are those of
-the row decoded alone, and greedy output equals the target's batched greedy generate() row by row
+the row decoded alone (up to rounding), and greedy output equals the target's batched greedy generate() row by row
 (with generate()'s pad tokens after a row's EOS).
 """
 
@@ -213,7 +213,6 @@ def speculative_decode_batch(
         if not pad_finished:
             finish_together(every_row)
         step = [row.stats.steps[-1] for row in rows]
-        stats.new_tokens += sum(s.emitted for s in step)
         stats.steps.append(StepStats(
             tree_size=sum(s.tree_size for s in step),
             tree_depth=max(s.tree_depth for s in step),
