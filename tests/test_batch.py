@@ -86,6 +86,23 @@ def test_half_precision_and_eager_batches(family, attn, dtype):
         assert torch.equal(out.sequences, ref), draft.dtype
 
 
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_squeezing_the_holes_out_every_step_changes_nothing(family, monkeypatch):
+    """Compaction (kv_cache.compact_rows) moves every row's slots; positions and masks follow."""
+    monkeypatch.setattr(batch_module, "COMPACT_MIN_HOLES", 0)
+    monkeypatch.setattr(batch_module, "COMPACT_SHARE", 0.0)
+    calls = []
+    real = batch_module.kv_cache.compact_rows
+    monkeypatch.setattr(batch_module.kv_cache, "compact_rows", lambda cache, valid: calls.append(1) or real(cache, valid))
+    target, drafts = pairs(family)
+    ids, mask = padded([1, 14, 6, 9], seed=13, pad=target.generation_config.pad_token_id)
+    ref = target.generate(ids, attention_mask=mask, max_new_tokens=20, do_sample=False)
+    for draft in drafts.values():
+        out = spec(target, draft, ids, mask, max_new_tokens=20, nodes=8, threshold=0.0)
+        assert torch.equal(out.sequences, ref)
+    assert calls
+
+
 def test_rows_accept_their_own_numbers_of_tokens():
     """With a draft that agrees on some tokens only, rows accept very different amounts, even
     within one step (the holes of the rows that accepted fewer are masked)."""
@@ -399,3 +416,19 @@ def test_keep_row_slots_moves_each_rows_path_to_the_front():
     assert cache.layers[0].keys[:, 0, :, 0].tolist() == [[0, 1, 2, 5], [6, 7, 9, 9]]  # row 1: a hole at the end
     kv_cache.select(cache, torch.tensor([1]), torch.tensor([0, 2]))
     assert cache.layers[0].keys[:, 0, :, 0].tolist() == [[6, 9]]
+
+
+def test_compact_rows_right_aligns_each_rows_slots():
+    from transformers import DynamicCache
+
+    from opttree import kv_cache
+
+    cache = DynamicCache()
+    keys = torch.arange(2 * 5, dtype=torch.float32).view(2, 1, 5, 1)  # value = slot id
+    cache.update(keys, keys.clone(), 0)
+    valid = torch.tensor([[False, True, False, True, True], [True, False, True, False, False]])
+    new_valid = kv_cache.compact_rows(cache, valid)
+    assert new_valid.tolist() == [[True, True, True], [False, True, True]]
+    assert cache.layers[0].keys[:, 0, :, 0].tolist()[0] == [1, 3, 4]
+    assert cache.layers[0].keys[:, 0, 1:, 0].tolist()[1] == [5, 7]  # (its first slot: a hole)
+    assert cache.get_seq_length() == 3

@@ -35,6 +35,17 @@ from .verify import Acceptance, greedy_choice, sampled_choice, verify
 
 logger = logging.getLogger(__name__)
 
+# Squeeze the holes out of a cache (kv_cache.compact_rows) once they make up this share of its slots
+# beyond the longest row's: holes cost attention over slots no row reads, compacting costs one copy.
+COMPACT_SHARE = 0.25
+COMPACT_MIN_HOLES = 16
+
+
+def worth_compacting(valid: torch.Tensor) -> bool:
+    """valid: [R, L] bool, each row's used slots."""
+    holes = valid.shape[1] - int(valid.sum(dim=1).max())
+    return holes >= max(COMPACT_MIN_HOLES, COMPACT_SHARE * valid.shape[1])
+
 
 @dataclass
 class Row:
@@ -189,6 +200,10 @@ def speculative_decode_batch(
         kept = torch.tensor([1 + a.accepted for a in acceptances], device=device)
         valid = torch.cat([valid, torch.arange(slots.shape[1], device=device)[None, :] < kept[:, None]], dim=1)
         drafter.commit([[int(built.pool_ids[i]) for i in a.nodes] for built, a in zip(builts, acceptances)])
+        if worth_compacting(valid):
+            valid = kv_cache.compact_rows(cache, valid)
+        if worth_compacting(drafter.valid):
+            drafter.compact()
 
         # 5. commit each row's tokens one by one until a stopping criterion fires
         forwards = drafter.forwards - forwards_before

@@ -97,3 +97,23 @@ def select(cache: DynamicCache, rows: torch.Tensor, columns: torch.Tensor | None
             if hasattr(layer, "cumulative_length"):  # sliding-window layers count their slots
                 layer.cumulative_length = keys.shape[-2]
         layer.keys, layer.values = keys, values
+
+
+def compact_rows(cache: DynamicCache, valid: torch.Tensor) -> torch.Tensor:
+    """Squeeze out the holes: each row's used slots (``valid`` [B, L] bool) move to the right end,
+    in order, and the cache shrinks to the most slots any row uses. Returns the new ``valid``
+    [B, L'] (a row's unused slots now lie on its left, like left padding). One gather over the
+    whole cache: for now and then, not every step."""
+    rows, length = valid.shape
+    kept = int(valid.sum(dim=1).max())
+    order = torch.sort(valid.to(torch.int8), dim=1, stable=True).indices[:, length - kept:]  # [B, L'] unused first
+    for layer in cache.layers:
+        if not getattr(layer, "is_initialized", True) or layer.keys.numel() == 0:
+            continue
+        _, heads, _, dim = layer.keys.shape
+        idx = order.to(layer.keys.device)[:, None, :, None]
+        layer.keys = torch.gather(layer.keys, 2, idx.expand(rows, heads, kept, dim))
+        layer.values = torch.gather(layer.values, 2, idx.expand(rows, heads, kept, layer.values.shape[-1]))
+        if hasattr(layer, "cumulative_length"):  # sliding-window layers count their slots
+            layer.cumulative_length = kept
+    return valid.gather(1, order)

@@ -203,6 +203,11 @@ class BatchModelDrafter:
         self.seen = [seen + len(row) for seen, row in zip(self.seen, kept)]
         self.slots = [{} for _ in kept]
 
+    def compact(self) -> None:
+        """Squeeze the holes out of the cache (between steps: after :meth:`commit`)."""
+        self.valid = kv_cache.compact_rows(self.cache, self.valid)
+        self.step_start = self.valid.shape[1]
+
     def select_rows(self, rows: torch.Tensor) -> None:
         """Keep only the batch rows ``rows`` ([R] long), and only slots some of them still use."""
         self.valid = self.valid[rows]
