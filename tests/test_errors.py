@@ -77,6 +77,11 @@ def test_batches_refuse_what_they_cannot_do_yet():
     mask[0, :2] = 0  # row 0 left-padded
     with pytest.raises(NotImplementedError, match="need a draft model.*once per prompt"):
         run(target, "prompt_lookup", batch, attention_mask=mask)
+    from opttree.distill.head import new_head
+
+    head, _ = new_head(target, init_layer=0)  # an EAGLE-style feature head drafts one prompt at a time
+    with pytest.raises(NotImplementedError, match="FeatureHeadDrafter drafts one prompt at a time"):
+        run(target, head, batch, attention_mask=mask)
     with pytest.raises(NotImplementedError, match="pass numbers"):
         run(target, target, batch, attention_mask=mask, nodes="auto")
     with pytest.raises(NotImplementedError, match="output_scores"):
