@@ -193,3 +193,27 @@ def test_head_for_another_target_is_refused_with_the_fix(tmp_path):
         load_draft(tmp_path / "head", other)
     with pytest.raises(ValueError, match="hidden size"):
         spec(other, head, prompt(0), max_new_tokens=4)
+
+
+def test_head_mixed_with_prompt_lookup_stays_lossless():
+    from opttree.drafters import MixedDrafter
+
+    target = peaked(tiny_model("llama", seed=0), scale=30.0)
+    head = randomised(new_head(target)[0])
+    ids = torch.tensor([[5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6]])  # repeats: the n-gram drafter matches
+    ref = target.generate(ids, max_new_tokens=20, do_sample=False)
+    out = spec(target, MixedDrafter(head), ids, max_new_tokens=20, nodes=8)
+    assert torch.equal(out.sequences, ref)
+
+
+def test_sampling_with_a_head_is_reproducible():
+    target = peaked(tiny_model("llama", seed=0), scale=3.0)
+    head = randomised(new_head(target)[0])
+    ids = prompt(6)
+
+    def run(seed):
+        return target.generate(ids, do_sample=True, temperature=0.8, top_k=20, max_new_tokens=16,
+                               custom_generate=speculative_generate, draft_model=head, nodes=6,
+                               generator=torch.Generator().manual_seed(seed))
+
+    assert torch.equal(run(1), run(1))

@@ -53,7 +53,7 @@ def _decode(model, draft_model, config: TreeConfig, input_ids, logits_processor,
         cache = kv_cache.new_cache(model)
     total = min(max_length, max_context or max_length) + config.nodes
     kv_cache.check_cache(cache, total)
-    if hasattr(drafter, "cache"):
+    if getattr(drafter, "cache", None) is not None:
         kv_cache.check_cache(drafter.cache, total)
     if streamer is not None:
         streamer.put(input_ids.cpu())

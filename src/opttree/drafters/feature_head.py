@@ -230,7 +230,7 @@ class FeatureHeadDrafter:
 
     def __init__(self, head: FeatureHead, to_probs: Callable[[torch.Tensor], torch.Tensor] | None = None):
         self.head = head
-        self.to_probs = to_probs or (lambda logits: torch.softmax(logits, dim=-1))
+        self.to_probs = to_probs  # full logits [k, V] -> probabilities; None: softmax (fast path)
         self.kv: KV | None = None  # entries 0..cached-1, all with true target features
         self.pending = torch.zeros(1, head.c.hidden_size, device=head.device)  # f_{cached-1}, f_{cached}, ...
         self.tree_kv: KV | None = None  # this step's tree nodes, in feeding order
@@ -268,7 +268,14 @@ class FeatureHeadDrafter:
         self.pending = self.pending[end - start:]
         self.root_position = end - 1
         self.predicted[-1] = g[-1]
-        return self.to_probs(self.head.full_logits(g[-1:]))[0]
+        return self._probs(g[-1:])[0]
+
+    def _probs(self, g: torch.Tensor) -> torch.Tensor:
+        """Predicted features [k, H] -> draft probabilities [k, V] float32."""
+        if self.to_probs is not None:
+            return self.to_probs(self.head.full_logits(g))
+        small = torch.softmax(self.head.reduced_logits(g).float(), dim=-1)  # [k, K]; the rest is 0
+        return small.new_zeros(len(g), self.head.c.vocab_size).index_copy_(-1, self.head.token_ids, small)
 
     def expand(self, pool: DraftTree, frontier: torch.Tensor) -> torch.Tensor:
         device = self.head.device
@@ -286,7 +293,7 @@ class FeatureHeadDrafter:
         self.tree_ids = columns
         for pid, row in zip(ids, g):
             self.predicted[pid] = row
-        return self.to_probs(self.head.full_logits(g))
+        return self._probs(g)
 
     def commit(self, accepted_pool_ids: list[int]) -> None:
         # Tree entries read predicted features: drop them all. The accepted tokens are fed again,

@@ -41,7 +41,14 @@ class MixedDrafter:
 
     @property
     def cache(self):
-        return self.model_drafter.cache
+        return getattr(self.model_drafter, "cache", None)
+
+    @property
+    def wants_hidden_states(self) -> bool:  # a feature head inside wants the target's features
+        return bool(getattr(self.model_drafter, "wants_hidden_states", False))
+
+    def add_features(self, features: torch.Tensor) -> None:
+        self.model_drafter.add_features(features)
 
     def _mix(self, model_q: torch.Tensor, ngram_q: torch.Tensor) -> torch.Tensor:
         """model_q, ngram_q: [k, vocab] -> [k, vocab] on model_q's device."""
