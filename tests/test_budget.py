@@ -137,6 +137,17 @@ def test_online_refresh_moves_towards_measured_times():
     assert unmeasured.layer_time(4) == pytest.approx(0.007) and unmeasured.layer_time(16) == pytest.approx(0.007)
 
 
+def test_auto_learns_the_rest_of_a_step():
+    lat, now = latency(CPU_LIKE), [0.0]
+    policy = AutoPolicy(TreeConfig(nodes="auto"), lat, clock=lambda: now[0])
+    policy.plan()
+    now[0] += 1.0  # the whole step, from plan() to observe()
+    policy.observe(StepStats(tree_size=4, tree_depth=1, expected_length=1.0, accepted=0, emitted=1, draft_forwards=1,
+                             draft_seconds=0.2, verify_seconds=0.3))
+    assert lat.overhead == pytest.approx(0.1 * 0.5)
+    assert float(expected_speed(torch.tensor([1.0]), lat, 0.0)[0]) == pytest.approx(2 / (0.065 * lat.verify_scale + 0.05))
+
+
 # ---------------------------------------------------------------------------------------------
 # the policies on a fake machine (a simulated clock): auto must find the known optimum
 

@@ -15,7 +15,8 @@ threshold δ open. On a GPU verifying 60 nodes costs about one token; on a CPU i
 
 E_m  = the sum of the m largest p̂ of the drafted pool (the top-m nodes by p̂ form a valid tree for
        every m; +1 is the bonus token),
-T(m) = the target's latency to verify the root and m nodes (measured),
+T(m) = the target's latency to verify the root and m nodes (measured; plus the rest of a step:
+       cache surgery, commit),
 D    = the drafting time of the step so far (measured: the catch-up forward, the layers actually
        drafted and the tree building; sunk, the same for every m).
 
@@ -156,13 +157,14 @@ class LatencyModel:
     verify_scale: float = 1.0  # online corrections: measured / predicted
     layer_scale: float = 1.0
     mean_size: float = START_SIZE  # running mean of the verified tree sizes (sets the width cap)
+    overhead: float = 0.0  # the rest of a step (cache surgery, commit, stopping criteria), learnt
 
     def verify_time(self, n: float) -> float:
         return self.verify.at(n) * self.verify_scale
 
-    def verify_times(self, m: int) -> torch.Tensor:
-        """[m] float64: T(1) … T(m)."""
-        return torch.tensor([self.verify_time(k) for k in range(1, m + 1)], dtype=torch.float64)
+    def step_times(self, m: int) -> torch.Tensor:
+        """[m] float64: T(1) … T(m), each plus the rest of a step (overhead)."""
+        return torch.tensor([self.verify_time(k) + self.overhead for k in range(1, m + 1)], dtype=torch.float64)
 
     def layer_time(self, width: int) -> float:
         """c(w): one draft forward expanding ``width`` nodes (0 while unmeasured)."""
@@ -206,7 +208,7 @@ def expected_speed(path_probs: torch.Tensor, latency: LatencyModel, draft_second
     """
     ranked = torch.sort(path_probs.double().cpu(), descending=True).values[:cap]
     gain = torch.cumsum(ranked, 0) + 1.0  # [k]
-    return gain / (latency.verify_times(len(ranked)) + draft_seconds)
+    return gain / (latency.step_times(len(ranked)) + draft_seconds)
 
 
 def best_size(path_probs: torch.Tensor, latency: LatencyModel, draft_seconds: float, cap: int | None = None) -> int:
@@ -292,6 +294,8 @@ class AutoPolicy:
         return best_size(path_probs, self.latency, self.spent(), self.max_nodes)
 
     def observe(self, step) -> None:
+        rest = self.spent() - step.draft_seconds - step.verify_seconds  # since plan(): the whole step
+        self.latency.overhead += REFRESH * (max(rest, 0.0) - self.latency.overhead)
         self.latency.observe(step)
 
 
