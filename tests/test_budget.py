@@ -401,6 +401,16 @@ def test_cache_location_and_mode_come_from_the_environment(monkeypatch, tmp_path
         budget.cache_mode()
 
 
+def test_calibration_fits_the_context_or_refuses_auto(pair):
+    target, drafter, new_drafter = pair
+    assert budget.calibration_prefix(target) == 256 - budget._ROOM  # tiny models: 256 positions
+    drafter.context_length = 200
+    assert budget.calibration_prefix(target, drafter) == 200 - budget._ROOM
+    target.config.max_position_embeddings = budget._ROOM + budget.MIN_CALIBRATION_PREFIX - 1
+    with pytest.raises(ValueError, match="context"):
+        budget.make_policy(TreeConfig(nodes="auto"), target, drafter, new_drafter)
+
+
 def test_the_test_session_never_writes_into_the_home_cache():
     from pathlib import Path
 
@@ -450,5 +460,5 @@ def test_auto_learns_an_uncopyable_drafters_cost_and_stays_lossless():
     out = target.generate(ids, max_new_tokens=16, do_sample=False, custom_generate=speculative_generate,
                           draft_model=drafter, nodes="auto", threshold="auto", return_dict_in_generate=True)
     assert torch.equal(out.sequences, ref)
-    key = budget._digest(budget.calibration_key(target, drafter))
+    key = budget._digest(budget.calibration_key(target, drafter, budget.calibration_prefix(target, drafter)))
     assert budget._PAIRS[key].layer is not None and math.isfinite(budget._PAIRS[key].layer_time(4))

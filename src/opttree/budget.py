@@ -63,7 +63,9 @@ logger = logging.getLogger(__name__)
 AUTO_MAX_NODES = 64  # the largest tree "auto" will ever verify (the pool budget)
 VERIFY_SIZES = (0, 1, 2, 4, 8, 16, 32, 64)  # tree sizes timed at calibration
 DRAFT_WIDTHS = (1, 2, 4, 8, 16, 32)  # layer widths timed at calibration
-CALIBRATION_PREFIX = 64  # committed tokens under the timed forwards
+CALIBRATION_PREFIX = 256  # committed tokens under the timed forwards (a chat prompt and some answer)
+MIN_CALIBRATION_PREFIX = 16  # a shorter context cannot be calibrated: "auto" is refused
+REPEATS = 5  # timed rounds per size (after one warm-up round); sizes interleaved within a round
 CALIBRATION_VERSION = 2  # bump when what is measured changes: old files are then ignored
 REFRESH = 0.1  # weight of each new step in the online latency averages
 SIZE_REFRESH = 0.25  # weight of each step's verified size in the running mean tree size
@@ -344,7 +346,7 @@ def drafter_fingerprint(drafter, depth: int = 2) -> dict | None:
             "inner": inner, "settings": scalars}
 
 
-def calibration_key(target, drafter) -> dict:
+def calibration_key(target, drafter, prefix: int = CALIBRATION_PREFIX) -> dict:
     """Everything a calibration depends on; its hash names the cache file."""
     return {
         "version": CALIBRATION_VERSION,
@@ -354,7 +356,7 @@ def calibration_key(target, drafter) -> dict:
         "torch": torch.__version__,
         "verify_sizes": list(VERIFY_SIZES),
         "draft_widths": list(DRAFT_WIDTHS),
-        "prefix": CALIBRATION_PREFIX,
+        "prefix": prefix,
     }
 
 
@@ -419,45 +421,42 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _timed_forward(model, cache, prefix: int, nodes: int, repeats: int) -> float:
-    """Median seconds of one forward over a root and ``nodes`` tree nodes (children of the root)
-    on a ``prefix``-token cache; the cache is cropped back after each."""
-    from . import kv_cache
-
-    vocab = int(model.get_input_embeddings().weight.shape[0])
-    tokens = torch.arange(nodes, dtype=torch.long) % vocab
-    tree = DraftTree(tokens.to(model.device), torch.full((nodes,), -1, dtype=torch.long, device=model.device),
-                     torch.ones(nodes, device=model.device))
-    inputs = verification_inputs(1, tree, prefix, model.dtype).as_kwargs()
-    times = []
-    for _ in range(repeats + 1):  # the first one warms up
-        start = time.perf_counter()
-        model(**inputs, past_key_values=cache, use_cache=True, logits_to_keep=0)
-        _sync(model.device)
-        times.append(time.perf_counter() - start)
-        kv_cache.keep_slots(cache, prefix, torch.empty(0, dtype=torch.long, device=model.device))
-    return _median(times[1:])
-
-
 def _median(xs) -> float:
     xs = sorted(xs)
     return xs[len(xs) // 2]
 
 
-def measure_verify(target, sizes=VERIFY_SIZES, prefix: int = CALIBRATION_PREFIX, repeats: int = 3) -> tuple[float, ...]:
-    """T(n) for each n in ``sizes``, on the real target."""
+def measure_verify(target, sizes=VERIFY_SIZES, prefix: int = CALIBRATION_PREFIX,
+                   repeats: int = REPEATS) -> tuple[float, ...]:
+    """T(n) for each n in ``sizes``: one target forward over a root and n tree nodes (children of
+    the root) on a ``prefix``-token cache, cropped back after each. The sizes take turns within
+    each round, so a burst of load hits them alike; the first round warms up; medians."""
     from . import kv_cache
 
+    device, vocab = target.device, int(target.get_input_embeddings().weight.shape[0])
+    times: dict[int, list[float]] = {n: [] for n in sizes}
     with torch.inference_mode():
         cache = kv_cache.new_cache(target)
-        vocab = int(target.get_input_embeddings().weight.shape[0])
-        ids = (torch.arange(prefix, dtype=torch.long) * 7 % vocab)[None, :].to(target.device)
+        ids = (torch.arange(prefix, dtype=torch.long) * 7 % vocab)[None, :].to(device)
         target(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
-        return tuple(_timed_forward(target, cache, prefix, n, repeats) for n in sizes)
+        inputs = {}
+        for n in sizes:
+            tree = DraftTree((torch.arange(n, dtype=torch.long) % vocab).to(device),
+                             torch.full((n,), -1, dtype=torch.long, device=device), torch.ones(n, device=device))
+            inputs[n] = verification_inputs(1, tree, prefix, target.dtype).as_kwargs()
+        for round_ in range(repeats + 1):
+            for n in sizes:
+                start = time.perf_counter()
+                target(**inputs[n], past_key_values=cache, use_cache=True, logits_to_keep=0)
+                _sync(device)
+                if round_ > 0:
+                    times[n].append(time.perf_counter() - start)
+                kv_cache.keep_slots(cache, prefix, torch.empty(0, dtype=torch.long, device=device))
+    return tuple(_median(times[n]) for n in sizes)
 
 
 def measure_drafter(drafter, vocab: int, device, widths=DRAFT_WIDTHS, prefix: int = CALIBRATION_PREFIX,
-                    repeats: int = 3) -> tuple[float, tuple[float, ...]]:
+                    repeats: int = REPEATS) -> tuple[float, tuple[float, ...]]:
     """Time a (scratch) drafter through its protocol: (root_probs seconds, expand seconds per width).
 
     Each round commits one more token (``root_probs``: the catch-up of a step), expands ``w``
@@ -475,18 +474,18 @@ def measure_drafter(drafter, vocab: int, device, widths=DRAFT_WIDTHS, prefix: in
                 start = time.perf_counter()
                 q = drafter.root_probs(sequence)
                 _sync(q.device)
-                middle = time.perf_counter()
+                root_end = time.perf_counter()
                 top = torch.topk(q.float(), min(w, q.shape[-1])).indices.to(device)
                 pool = DraftTree(top, torch.full_like(top, -1), torch.ones(len(top), device=device))
                 frontier = torch.arange(len(top), device=device)
-                middle2 = time.perf_counter()
+                expand_start = time.perf_counter()
                 out = drafter.expand(pool, frontier)
                 _sync(out.device)
                 end = time.perf_counter()
                 drafter.commit([])
                 if round_ > 0:
-                    roots.append(middle - start)
-                    layers[w].append(end - middle2)
+                    roots.append(root_end - start)
+                    layers[w].append(end - expand_start)
     return _median(roots), tuple(_median(layers[w]) for w in widths)
 
 
@@ -500,23 +499,23 @@ def lower_envelope(times) -> tuple[float, ...]:
     return tuple(reversed(out))
 
 
-def measure(target, new_drafter: Callable[[], object] | None) -> LatencyModel:
+def measure(target, new_drafter: Callable[[], object] | None, prefix: int = CALIBRATION_PREFIX) -> LatencyModel:
     """A fresh LatencyModel: T(n) on the target; the drafter through a scratch one from
     ``new_drafter()`` (without one, or if timing it fails, the draft cost is learnt from the steps)."""
     from .validation import vocab_size
 
-    verify = LatencyTable(VERIFY_SIZES, lower_envelope(measure_verify(target)))
+    verify = LatencyTable(VERIFY_SIZES, lower_envelope(measure_verify(target, prefix=prefix)))
     latency = LatencyModel(verify=verify)
     if new_drafter is not None:
         try:
-            root, layers = measure_drafter(new_drafter(), vocab_size(target), target.device)
+            root, layers = measure_drafter(new_drafter(), vocab_size(target), target.device, prefix=prefix)
         except Exception as error:  # a drafter that cannot run on synthetic text: learn online instead
             logger.warning("could not time the drafter (%s: %s); learning its cost from the steps",
                            type(error).__name__, error)
         else:
             latency.layer = LatencyTable(DRAFT_WIDTHS, lower_envelope(layers))
             latency.root_seconds = root
-    logger.info("calibration: %s; draft layer %s",
+    logger.info("calibration at %d tokens: %s; draft layer %s", prefix,
                 ", ".join(f"T({n})={t * 1e3:.1f}ms" for n, t in zip(verify.sizes, verify.seconds)),
                 "unmeasured" if latency.layer is None else
                 ", ".join(f"c({w})={t * 1e3:.1f}ms" for w, t in zip(latency.layer.sizes, latency.layer.seconds)))
@@ -524,29 +523,41 @@ def measure(target, new_drafter: Callable[[], object] | None) -> LatencyModel:
 
 
 def calibrate(target, drafter=None, new_drafter: Callable[[], object] | None = None, *,
-              folder: Path | None = None, mode: str | None = None) -> LatencyModel:
+              folder: Path | None = None, mode: str | None = None, prefix: int | None = None) -> LatencyModel:
     """The LatencyModel of this (target, drafter) pair on this machine: from this process's
     memory, else from the on-disk cache, else measured (and written). ``drafter`` names the pair
     (its fingerprint), ``new_drafter()`` makes a scratch drafter to time. ``folder`` / ``mode``
-    default to :func:`cache_dir` / :func:`cache_mode`. Every generate() call of the process
-    shares (and refreshes) the returned object."""
+    default to :func:`cache_dir` / :func:`cache_mode`, ``prefix`` to :func:`calibration_prefix`.
+    Every generate() call of the process shares (and refreshes) the returned object."""
     mode = mode or cache_mode()
     folder = folder or cache_dir()
-    key = calibration_key(target, drafter)
+    prefix = prefix or calibration_prefix(target, drafter)
+    if prefix is None:
+        raise ValueError(f"nodes/threshold='auto' needs a context of at least {MIN_CALIBRATION_PREFIX + _ROOM} "
+                         f"tokens to calibrate")
+    key = calibration_key(target, drafter, prefix)
     digest = _digest(key)
     if mode == "refresh" or digest not in _PAIRS:
         latency = read_cached(key, folder) if mode == "on" else None
         if latency is None:
-            latency = measure(target, new_drafter)
+            latency = measure(target, new_drafter, prefix)
             if mode != "off":
                 write_cached(key, latency, folder)
         _PAIRS[digest] = latency
     return _PAIRS[digest]
 
 
-def context_fits(limit: int | None, prefix: int = CALIBRATION_PREFIX) -> bool:
-    rounds = 4 * len(DRAFT_WIDTHS)  # tokens the drafter's calibration commits
-    return limit is None or limit > prefix + rounds + max(VERIFY_SIZES) + 2
+_ROOM = max(max(VERIFY_SIZES), max(DRAFT_WIDTHS)) + (REPEATS + 1) * len(DRAFT_WIDTHS) + 2  # tokens past the prefix
+
+
+def calibration_prefix(target, drafter=None) -> int | None:
+    """The cached tokens under the timed forwards: CALIBRATION_PREFIX, less where the target's or
+    the drafter's context is shorter; None where even MIN_CALIBRATION_PREFIX does not fit."""
+    from .validation import context_length
+
+    limits = [x for x in (context_length(target), getattr(drafter, "context_length", None)) if x]
+    prefix = min([CALIBRATION_PREFIX] + [limit - _ROOM for limit in limits])
+    return prefix if prefix >= MIN_CALIBRATION_PREFIX else None
 
 
 def make_policy(config: TreeConfig, target, drafter=None, new_drafter: Callable[[], object] | None = None) -> BudgetPolicy:
@@ -554,12 +565,6 @@ def make_policy(config: TreeConfig, target, drafter=None, new_drafter: Callable[
     an :class:`AutoPolicy` calibrated on ``target`` and the drafter (see :func:`calibrate`)."""
     if config.nodes != "auto" and config.threshold != "auto":
         return FixedPolicy(config)
-    from .validation import context_length
-
-    limits = [context_length(target), getattr(drafter, "context_length", None)]
-    if not all(context_fits(limit) for limit in limits):
-        raise ValueError(f"nodes/threshold='auto' needs a context longer than "
-                         f"{CALIBRATION_PREFIX + 4 * len(DRAFT_WIDTHS) + max(VERIFY_SIZES) + 2} tokens to calibrate")
     return AutoPolicy(config, calibrate(target, drafter, new_drafter))
 
 
