@@ -136,7 +136,7 @@ def print_calibration(target, draft) -> None:
         f"c({w})={t * 1e3:.1f}" for w, t in zip(latency.layer.sizes, latency.layer.seconds))
     print(f"auto calibration (ms): {verify}; draft layer {layer}; root {latency.root_seconds * 1e3:.1f}")
     print(f"auto after the run: verify x{latency.verify_scale:.2f}, layer x{latency.layer_scale:.2f}, "
-          f"step overhead {latency.overhead * 1e3:.1f} ms, mean tree {latency.mean_size:.1f}")
+          f"step overhead {latency.overhead * 1e3:.1f} ms")
 
 
 def main(argv=None) -> int:

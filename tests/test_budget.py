@@ -129,7 +129,6 @@ def test_online_refresh_moves_towards_measured_times():
     assert lat.verify_scale == pytest.approx(2.0, rel=1e-3)
     assert lat.layer_time(8) == pytest.approx(0.03, rel=1e-3)
     assert lat.root_seconds == pytest.approx(0.02, rel=1e-3)
-    assert lat.mean_size == pytest.approx(8.0, rel=1e-3)
     lat.observe(step(tree_size=8, verify=1000.0))  # an outlier is clipped
     assert lat.verify_scale <= 2.0 + 0.1 * 2.0
     unmeasured = LatencyModel(verify=LatencyTable(SIZES, CPU_LIKE))
@@ -240,6 +239,8 @@ def test_the_width_cap_follows_the_recent_tree_size():
     for _ in range(30):
         policy.observe(step(tree_size=2, verify=0.02))
     assert policy.plan().width == 4
+    assert AutoPolicy(config, lat).plan().width == 4  # a later call with these settings starts from there
+    assert AutoPolicy(TreeConfig(nodes="auto", threshold="auto"), lat).plan().width == 8  # other settings do not
     narrow = StrictDrafter()
     build_tree(root, narrow, config, plan=policy.plan())
     assert max(map(len, narrow.calls)) <= 4

@@ -158,7 +158,8 @@ class LatencyModel:
     root_seconds: float = 0.0  # drafter.root_probs(): the catch-up at a step's start
     verify_scale: float = 1.0  # online corrections: measured / predicted
     layer_scale: float = 1.0
-    mean_size: float = START_SIZE  # running mean of the verified tree sizes (sets the width cap)
+    # running mean of the verified tree sizes per tree setting (sets the width cap); see AutoPolicy
+    mean_sizes: dict = dataclasses.field(default_factory=dict)
     overhead: float = 0.0  # the rest of a step (cache surgery, commit, stopping criteria), learnt
 
     def verify_time(self, n: float) -> float:
@@ -189,8 +190,6 @@ class LatencyModel:
                 self.layer_scale += REFRESH * (_clip(layer.seconds / predicted) - self.layer_scale)
         if step.root_seconds > 0:
             self.root_seconds += REFRESH * (step.root_seconds - self.root_seconds)
-        if step.tree_size > 0:
-            self.mean_size += SIZE_REFRESH * (step.tree_size - self.mean_size)
 
 
 def _clip(ratio: float) -> float:
@@ -274,6 +273,9 @@ class AutoPolicy:
         self.max_nodes = AUTO_MAX_NODES if self.auto_nodes else config.nodes
         self.threshold = 0.0 if self.auto_threshold else config.threshold  # with "auto", `grow` decides
         self._start = clock()
+        # the recent tree size, shared by later calls with the same settings (not by other settings)
+        self.setting = f"{config.strategy}/{config.nodes}/{config.threshold}/{config.max_depth}"
+        self.mean_size = latency.mean_sizes.get(self.setting, START_SIZE)
 
     def spent(self) -> float:
         """Seconds since the step's plan: its drafting time so far."""
@@ -284,7 +286,7 @@ class AutoPolicy:
         return StepPlan(
             nodes=self.max_nodes,
             threshold=self.threshold,
-            width=layer_width(self.latency.mean_size, self.max_nodes),
+            width=layer_width(self.mean_size, self.max_nodes),
             grow=self._grow if self.auto_threshold else None,
             size=self._size if self.auto_nodes else None,
         )
@@ -299,6 +301,9 @@ class AutoPolicy:
         rest = self.spent() - step.draft_seconds - step.verify_seconds  # since plan(): the whole step
         self.latency.overhead += REFRESH * (max(rest, 0.0) - self.latency.overhead)
         self.latency.observe(step)
+        if step.tree_size > 0:
+            self.mean_size += SIZE_REFRESH * (step.tree_size - self.mean_size)
+            self.latency.mean_sizes[self.setting] = self.mean_size
 
 
 # ---------------------------------------------------------------------------------------------
