@@ -10,7 +10,8 @@ import torch
 from models import peaked, tiny_model
 from opttree import TreeConfig, speculative_generate
 from opttree import budget, integration
-from opttree.budget import (AutoPolicy, FixedPolicy, LatencyModel, LatencyTable, LayerState, StepPlan, best_size,
+from opttree.budget import (AutoPolicy, FixedPolicy, LatencyModel, LatencyTable, LayerState, StepPlan, best_choice,
+                            best_size,
                             expected_speed, layer_pays, layer_width, next_layer_guess)
 from opttree.builder import build_opt_tree
 from opttree.drafters import ModelDrafter, PromptLookupDrafter
@@ -61,8 +62,8 @@ def test_noisy_calibrations_become_a_non_decreasing_table():
 def brute_force_size(probs, table, draft_seconds):
     lat = latency(table)
     ranked = sorted(probs.tolist(), reverse=True)
-    speeds = [(sum(ranked[:m]) + 1) / (lat.verify_time(m) + draft_seconds) for m in range(1, len(ranked) + 1)]
-    return max(range(len(speeds)), key=lambda i: (speeds[i], -i)) + 1
+    speeds = [(sum(ranked[:m]) + 1) / (lat.verify_time(m) + draft_seconds) for m in range(0, len(ranked) + 1)]
+    return max(range(len(speeds)), key=lambda m: (speeds[m], -m))  # m = 0: the root alone
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -74,7 +75,8 @@ def test_best_size_maximises_expected_tokens_per_second(seed, table):
         m = best_size(probs, latency(table), spent)
         assert m == brute_force_size(probs, table, spent)
         speed = expected_speed(probs, latency(table), spent)
-        assert float(speed[m - 1]) == pytest.approx(float(speed.max()))
+        if m > 0:
+            assert float(speed[m - 1]) == pytest.approx(float(speed.max()))
 
 
 def test_free_verification_takes_every_useful_node_and_costly_takes_few():
@@ -86,6 +88,12 @@ def test_free_verification_takes_every_useful_node_and_costly_takes_few():
     assert best_size(probs, latency(GPU_LIKE), 0.01, cap=3) == 3
     assert best_size(torch.empty(0), latency(GPU_LIKE), 0.0) == 0
 
+
+def test_a_weak_draft_falls_back_to_verifying_the_root_alone():
+    cpu = (0.045, 0.077, 0.080, 0.080, 0.091, 0.119, 0.177, 0.281)  # this project's CPU: T(1) = 1.7 T(0)
+    weak, strong = torch.tensor([0.3, 0.1, 0.05]), torch.tensor([0.9, 0.8, 0.7])
+    assert best_choice(weak, latency(cpu), 0.01) == (0, pytest.approx(1 / 0.055))
+    assert best_size(strong, latency(cpu), 0.01) == 3
 
 def test_the_next_layer_is_guessed_from_the_last_one():
     # root -> a (0.6), b (0.3); a -> c (0.36 = 0.6 · 0.6), d (0.12 = 0.6 · 0.2); b -> e (0.15 = 0.3 · 0.5)
@@ -187,7 +195,7 @@ def best_fixed_speed(lat, config, width, draft):
         machine = FakeMachine(lat, draft)
         plan = StepPlan(nodes=budget.AUTO_MAX_NODES, threshold=0.0, width=width, grow=lambda state: True)
         built = build_tree(machine.root_probs(), machine.expand, config, depth, plan=plan)
-        speed = float(expected_speed(built.tree.path_probs, lat, machine.now).max())
+        speed = best_choice(built.tree.path_probs, lat, machine.now)[1]
         best = max(best, (speed, depth), key=lambda x: x[0])
     return best
 
@@ -249,7 +257,7 @@ def test_the_width_cap_follows_the_recent_tree_size():
 @pytest.mark.parametrize("strategy", ["opt", "heap", "delayed", "chain", "static"])
 def test_auto_nodes_cut_every_strategy_to_its_fastest_prefix(strategy):
     root = synthetic_probs(())
-    steep = (0.001, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64)
+    steep = (0.01, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64)
     config = TreeConfig(nodes="auto", threshold=0.0, max_depth=4, strategy=strategy)
     built = build_tree(root, StrictDrafter(), config, plan=AutoPolicy(config, latency(steep, layer=0.0001)).plan())
     full = build_tree(root, StrictDrafter(), TreeConfig(nodes=20, threshold=0.0, max_depth=4, strategy=strategy))
@@ -463,3 +471,17 @@ def test_auto_learns_an_uncopyable_drafters_cost_and_stays_lossless():
     assert torch.equal(out.sequences, ref)
     key = budget._digest(budget.calibration_key(target, drafter, budget.calibration_prefix(target, drafter)))
     assert budget._PAIRS[key].layer is not None and math.isfinite(budget._PAIRS[key].layer_time(4))
+
+
+def test_steps_that_verify_the_root_alone_stay_lossless(monkeypatch):
+    target = peaked(tiny_model("llama", seed=0), scale=30.0)
+    ids = torch.randint(3, 90, (1, 7), generator=torch.Generator().manual_seed(4))
+    policy = RecordingPolicy(8)
+    policy.plan = lambda: StepPlan(nodes=8, threshold=0.0, size=lambda path_probs: 0)  # auto's m = 0, every step
+    monkeypatch.setattr(integration.budget, "make_policy", lambda *args: policy)
+    ref = target.generate(ids, max_new_tokens=12, do_sample=False)
+    for draft in (target, "prompt_lookup"):
+        out = target.generate(ids, max_new_tokens=12, do_sample=False, custom_generate=speculative_generate,
+                              draft_model=draft, return_dict_in_generate=True)
+        assert torch.equal(out.sequences, ref)
+        assert set(out.stats.tree_sizes) == {0} and len(out.stats.steps) == 12

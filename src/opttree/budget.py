@@ -20,7 +20,7 @@ T(m) = the target's latency to verify the root and m nodes (measured; plus the r
 D    = the drafting time of the step so far (measured: the catch-up forward, the layers actually
        drafted and the tree building; sunk, the same for every m).
 
-*Budget*: verify the m that maximises speed(m). *Depth* (the paper's open δ): before each draft
+*Budget*: verify the m that maximises speed(m), m = 0 (the root alone, as plain decoding) included. *Depth* (the paper's open δ): before each draft
 forward the policy compares the best speed now with the best speed after one more layer of w
 nodes, its cost c(w) (one ``drafter.expand`` over w nodes, measured) added to D and its p̂ guessed
 from the last layer (:func:`next_layer_guess`); it stops when the layer would not pay, i.e. when
@@ -212,12 +212,22 @@ def expected_speed(path_probs: torch.Tensor, latency: LatencyModel, draft_second
     return gain / (latency.step_times(len(ranked)) + draft_seconds)
 
 
-def best_size(path_probs: torch.Tensor, latency: LatencyModel, draft_seconds: float, cap: int | None = None) -> int:
-    """The m (1 <= m <= cap) that maximises speed(m); 0 for an empty pool."""
+def best_choice(path_probs: torch.Tensor, latency: LatencyModel, draft_seconds: float,
+                cap: int | None = None) -> tuple[int, float]:
+    """(m, speed(m)) for the m in 0 … min(len, cap) that maximises speed(m). m = 0 verifies the
+    root alone, speed(0) = 1 / (T(0) + D): where verifying even one node costs more than its E(A)
+    is worth (a weak draft on a CPU), a step falls back to what plain decoding does."""
+    alone = 1.0 / (latency.verify_time(0) + latency.overhead + draft_seconds)
     if len(path_probs) == 0:
-        return 0
+        return 0, alone
     speed = expected_speed(path_probs, latency, draft_seconds, cap)
-    return int(torch.argmax(speed)) + 1  # first maximum: the smaller tree on ties
+    m = int(torch.argmax(speed)) + 1  # first maximum: the smaller tree on ties
+    return (m, float(speed[m - 1])) if float(speed[m - 1]) > alone else (0, alone)
+
+
+def best_size(path_probs: torch.Tensor, latency: LatencyModel, draft_seconds: float, cap: int | None = None) -> int:
+    """The m (0 <= m <= cap) that maximises speed(m) (see :func:`best_choice`)."""
+    return best_choice(path_probs, latency, draft_seconds, cap)[0]
 
 
 def next_layer_guess(state: LayerState, cap: int | None = None) -> torch.Tensor:
@@ -248,9 +258,9 @@ def layer_pays(state: LayerState, latency: LatencyModel, draft_seconds: float, c
     in OPT-Tree's terms, while the layer's E(A) gain per second of drafting beats the current rate."""
     if len(state.path_probs) == 0 or state.next_width < 1:
         return False
-    now = float(expected_speed(state.path_probs, latency, draft_seconds, cap).max())
+    _, now = best_choice(state.path_probs, latency, draft_seconds, cap)
     grown = torch.cat([state.path_probs.double().cpu(), next_layer_guess(state, cap)])
-    later = float(expected_speed(grown, latency, draft_seconds + latency.layer_time(state.next_width), cap).max())
+    _, later = best_choice(grown, latency, draft_seconds + latency.layer_time(state.next_width), cap)
     return later > now
 
 
@@ -574,5 +584,5 @@ def make_policy(config: TreeConfig, target, drafter=None, new_drafter: Callable[
 
 
 __all__ = ["AUTO_MAX_NODES", "AutoPolicy", "BudgetPolicy", "FixedPolicy", "LatencyModel", "LatencyTable",
-           "LayerState", "StepPlan", "best_size", "calibrate", "clear_calibrations",
+           "LayerState", "StepPlan", "best_choice", "best_size", "calibrate", "clear_calibrations",
            "expected_speed", "layer_pays", "layer_width", "make_policy"]
