@@ -128,8 +128,7 @@ def methods_for(args) -> dict[str, dict]:
 
 def print_calibration(target, draft) -> None:
     drafter = make_drafter(draft, target)
-    key = budget.calibration_key(target, drafter, budget.calibration_prefix(target, drafter))
-    latency = budget._PAIRS.get(budget._digest(key))
+    latency = budget.known_latency(target, drafter)
     if latency is None:
         return
     verify = ", ".join(f"T({n})={t * 1e3:.1f}" for n, t in zip(latency.verify.sizes, latency.verify.seconds))

@@ -469,8 +469,8 @@ def test_auto_learns_an_uncopyable_drafters_cost_and_stays_lossless():
     out = target.generate(ids, max_new_tokens=16, do_sample=False, custom_generate=speculative_generate,
                           draft_model=drafter, nodes="auto", threshold="auto", return_dict_in_generate=True)
     assert torch.equal(out.sequences, ref)
-    key = budget._digest(budget.calibration_key(target, drafter, budget.calibration_prefix(target, drafter)))
-    assert budget._PAIRS[key].layer is not None and math.isfinite(budget._PAIRS[key].layer_time(4))
+    learnt = budget.known_latency(target, drafter)
+    assert learnt.layer is not None and math.isfinite(learnt.layer_time(4))
 
 
 def test_steps_that_verify_the_root_alone_stay_lossless(monkeypatch):
@@ -485,3 +485,22 @@ def test_steps_that_verify_the_root_alone_stay_lossless(monkeypatch):
                               draft_model=draft, return_dict_in_generate=True)
         assert torch.equal(out.sequences, ref)
         assert set(out.stats.tree_sizes) == {0} and len(out.stats.steps) == 12
+
+
+def test_the_strategies_benchmark_runs_every_strategy_fixed_budgets_and_auto():
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).parent.parent / "benchmarks" / "strategies.py"
+    spec = importlib.util.spec_from_file_location("strategies_benchmark", path)
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = bench  # dataclasses look their module up
+    spec.loader.exec_module(bench)
+    args = bench.argparse.Namespace(nodes=16, budgets="8,32", threshold=0.3, max_depth=8,
+                                    strategies="opt,heap,delayed,chain,static", auto="opt")
+    methods = bench.methods_for(args)
+    assert {m["strategy"] for m in methods.values()} == {"opt", "heap", "delayed", "chain", "static"}
+    assert sorted(str(m["nodes"]) for m in methods.values() if m["strategy"] == "opt") == ["16", "16", "32", "8", "auto"]
+    assert all(m["nodes"] == 16 for m in methods.values() if m["strategy"] != "opt")
+    assert len(methods["static (EAGLE-style 25) n=16"]["static_tree"]) == 25

@@ -322,6 +322,12 @@ class AutoPolicy:
 _PAIRS: dict[str, LatencyModel] = {}  # key digest -> the process's (refreshed) model of that pair
 
 
+def known_latency(target, drafter=None) -> LatencyModel | None:
+    """This process's (refreshed) LatencyModel of the pair, if it was calibrated; else None."""
+    prefix = calibration_prefix(target, drafter)
+    return None if prefix is None else _PAIRS.get(_digest(calibration_key(target, drafter, prefix)))
+
+
 def clear_calibrations() -> None:
     """Forget this process's calibrations (the on-disk cache stays)."""
     _PAIRS.clear()
@@ -584,5 +590,5 @@ def make_policy(config: TreeConfig, target, drafter=None, new_drafter: Callable[
 
 
 __all__ = ["AUTO_MAX_NODES", "AutoPolicy", "BudgetPolicy", "FixedPolicy", "LatencyModel", "LatencyTable",
-           "LayerState", "StepPlan", "best_choice", "best_size", "calibrate", "clear_calibrations",
+           "LayerState", "StepPlan", "best_choice", "best_size", "calibrate", "clear_calibrations", "known_latency",
            "expected_speed", "layer_pays", "layer_width", "make_policy"]
