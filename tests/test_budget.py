@@ -263,8 +263,8 @@ def test_auto_nodes_cut_every_strategy_to_its_fastest_prefix(strategy):
     full = build_tree(root, StrictDrafter(), TreeConfig(nodes=20, threshold=0.0, max_depth=4, strategy=strategy))
     assert 1 <= len(built.tree) < len(full.tree)
     cheap = AutoPolicy(TreeConfig(nodes=20, threshold="auto", max_depth=4, strategy=strategy), latency(GPU_LIKE, layer=0.0))
-    free = build_tree(root, StrictDrafter(), config, plan=cheap.plan())
-    assert len(free.tree) == len(full.tree) or strategy == "heap"  # heap: batches of at most the width
+    free = build_tree(root, StrictDrafter(), cheap.config, plan=cheap.plan())
+    assert len(free.tree) == len(full.tree)
 
 
 @pytest.mark.parametrize("strategy", ["opt", "heap", "delayed", "chain"])
