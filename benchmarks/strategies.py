@@ -135,7 +135,8 @@ def print_calibration(target, draft) -> None:
     layer = "unmeasured" if latency.layer is None else ", ".join(
         f"c({w})={t * 1e3:.1f}" for w, t in zip(latency.layer.sizes, latency.layer.seconds))
     print(f"auto calibration (ms): {verify}; draft layer {layer}; root {latency.root_seconds * 1e3:.1f}")
-    print(f"auto after the run: verify x{latency.verify_scale:.2f}, layer x{latency.layer_scale:.2f}, "
+    print(f"auto after the run: verify x{latency.verify_scale:.2f} {latency.verify_offset * 1e3:+.1f} ms, "
+          f"layer x{latency.layer_scale:.2f}, "
           f"step overhead {latency.overhead * 1e3:.1f} ms")
 
 

@@ -144,6 +144,21 @@ def test_online_refresh_moves_towards_measured_times():
     assert unmeasured.layer_time(4) == pytest.approx(0.007) and unmeasured.layer_time(16) == pytest.approx(0.007)
 
 
+@pytest.mark.parametrize("truth", [lambda t: 2.0 * t, lambda t: t + 0.03, lambda t: 1.5 * t + 0.01])
+def test_the_verify_refresh_learns_a_load_as_a_scale_and_a_fixed_cost_as_an_offset(truth):
+    lat = latency(CPU_LIKE)
+    sizes = [0, 1, 4, 8, 16, 32] * 40  # the sizes auto verifies vary from step to step
+    for n in sizes:
+        lat.observe(step(tree_size=n, verify=truth(lat.verify.at(n))))
+    for n in (0, 2, 8, 24):
+        assert lat.verify_time(n) == pytest.approx(truth(lat.verify.at(n)), rel=0.05)
+    one_size = latency(CPU_LIKE)
+    for _ in range(200):  # a single size cannot tell the two apart: a pure scale, as before
+        one_size.observe(step(tree_size=8, verify=truth(0.145)))
+    assert one_size.verify_offset == pytest.approx(0.0, abs=1e-9)
+    assert one_size.verify_time(8) == pytest.approx(truth(0.145), rel=1e-3)
+
+
 def test_auto_learns_the_rest_of_a_step():
     lat, now = latency(CPU_LIKE), [0.0]
     policy = AutoPolicy(TreeConfig(nodes="auto"), lat, clock=lambda: now[0])

@@ -150,20 +150,53 @@ class LatencyTable:
 
 
 @dataclass
+class AffineFit:
+    """measured ≈ scale · calibrated + offset, fitted online: exponentially weighted least squares
+    (each step weighs REFRESH), shrunk towards a pure scale (offset 0) while the calibrated values
+    seen vary little. A load that slows everything shows as a scale; a fixed cost the calibration
+    did not see (a longer prefix, the walk) as an offset, which a scale would wrongly multiply."""
+
+    w: float = 0.0  # weighted sums of 1, x, y, x², xy (x: calibrated seconds, y: measured)
+    x: float = 0.0
+    y: float = 0.0
+    xx: float = 0.0
+    xy: float = 0.0
+
+    def add(self, x: float, y: float, weight: float) -> None:
+        keep = 1.0 - weight
+        self.w, self.x, self.y = keep * self.w + weight, keep * self.x + weight * x, keep * self.y + weight * y
+        self.xx, self.xy = keep * self.xx + weight * x * x, keep * self.xy + weight * x * y
+
+    def solve(self, spread: float = 0.25) -> tuple[float, float]:
+        """(scale, offset). The slope is trusted in proportion var(x) / (var(x) + (spread · mean x)²)."""
+        if self.w <= 0 or self.x <= 0:
+            return 1.0, 0.0
+        mx, my = self.x / self.w, self.y / self.w
+        var = max(self.xx / self.w - mx * mx, 0.0)
+        ratio = my / mx
+        trust = var / (var + (spread * mx) ** 2)
+        slope = (self.xy / self.w - mx * my) / var if var > 0 else ratio
+        scale = min(max(trust * slope + (1 - trust) * ratio, 0.25 * ratio), 4.0 * ratio)
+        return scale, my - scale * mx
+
+
+@dataclass
 class LatencyModel:
     """Measured costs of one step's pieces, in seconds, refreshed from every step."""
 
     verify: LatencyTable  # T(n): one target forward over the root and n tree nodes
     layer: LatencyTable | None = None  # one drafter.expand() over w nodes; None: not measured yet
     root_seconds: float = 0.0  # drafter.root_probs(): the catch-up at a step's start
-    verify_scale: float = 1.0  # online corrections: measured / predicted
-    layer_scale: float = 1.0
+    verify_scale: float = 1.0  # online corrections: measured T(n) ≈ verify_scale · table + verify_offset
+    verify_offset: float = 0.0
+    layer_scale: float = 1.0  # measured c(w) ≈ layer_scale · table
+    verify_fit: AffineFit = dataclasses.field(default_factory=AffineFit)
     # running mean of the verified tree sizes per tree setting (sets the width cap); see AutoPolicy
     mean_sizes: dict = dataclasses.field(default_factory=dict)
     overhead: float = 0.0  # the rest of a step (cache surgery, commit, stopping criteria), learnt
 
     def verify_time(self, n: float) -> float:
-        return self.verify.at(n) * self.verify_scale
+        return max(self.verify.at(n) * self.verify_scale + self.verify_offset, 0.0)
 
     def step_times(self, m: int) -> torch.Tensor:
         """[m] float64: T(1) … T(m), each plus the rest of a step (overhead)."""
@@ -175,10 +208,12 @@ class LatencyModel:
 
     def observe(self, step) -> None:
         """Refresh from one finished step (a StepStats)."""
-        if step.tree_size > 0 and step.verify_seconds > 0:
-            predicted = self.verify.at(step.tree_size)
-            if predicted > 0:
-                self.verify_scale += REFRESH * (_clip(step.verify_seconds / predicted) - self.verify_scale)
+        calibrated = self.verify.at(step.tree_size)
+        if step.verify_seconds > 0 and calibrated > 0:
+            if self.verify_fit.w == 0:  # the calibration itself is the prior: weight 1, at this size
+                self.verify_fit.add(calibrated, calibrated, 1.0)
+            self.verify_fit.add(calibrated, calibrated * _clip(step.verify_seconds / calibrated), REFRESH)
+            self.verify_scale, self.verify_offset = self.verify_fit.solve()
         for layer in step.layers:
             if layer.seconds <= 0:
                 continue
