@@ -32,8 +32,9 @@ Calibration (:func:`calibrate`): T(n) is timed on the target for a few n; the dr
 through its own protocol (``root_probs`` / ``expand`` over w nodes / ``commit``) on a scratch
 drafter made for the purpose, so any Drafter works (a model, prompt lookup, a head drafter). A
 drafter that cannot be copied starts with c = 0 and is learnt from the first steps. Each step's
-measured times then refresh the model (exponential averages; each table is rescaled by measured /
-predicted), and later generate() calls in the process start from the refreshed model.
+measured times then refresh the model (T(n) as scale × table + offset, by exponentially weighted
+least squares; c(w) by a scale; the rest of a step by an average), and later generate() calls in
+the process start from the refreshed model.
 Measurements are cached on disk per (target, drafter, device, dtype, torch threads) as JSON under
 ``$OPTTREE_CALIBRATION_DIR`` (default ``$OPTTREE_CACHE/calibration``, i.e.
 ``~/.cache/opttree/calibration``); ``OPTTREE_CALIBRATION=off`` neither reads nor writes it,
