@@ -14,7 +14,9 @@ from opttree.budget import (AutoPolicy, FixedPolicy, LatencyModel, LatencyTable,
                             best_size,
                             expected_speed, layer_pays, layer_width, next_layer_guess)
 from opttree.builder import build_opt_tree
+from opttree.distill.head import new_head
 from opttree.drafters import ModelDrafter, PromptLookupDrafter
+from opttree.drafters.feature_head import FeatureHeadDrafter
 from opttree.stats import LayerTiming, StepStats
 from opttree.strategies import build_tree
 from test_builder import synthetic_probs
@@ -350,8 +352,9 @@ def test_the_loop_asks_the_policy_each_step_and_tells_it_the_cost(monkeypatch):
 
 def test_drafters_are_timed_through_their_protocol():
     draft = tiny_model("llama", seed=1, layers=1)
-    for drafter in (ModelDrafter(draft), PromptLookupDrafter(vocab_size=96)):
-        root, layers = budget.measure_drafter(drafter, 96, torch.device("cpu"), repeats=1)
+    head, _ = new_head(tiny_model("llama", seed=0), init_layer=0)
+    for drafter in (ModelDrafter(draft), PromptLookupDrafter(vocab_size=96), FeatureHeadDrafter(head)):
+        root, layers = budget.measure_drafter(drafter, 96, torch.device("cpu"), repeats=1, hidden_size=32)
         assert root >= 0 and len(layers) == len(budget.DRAFT_WIDTHS) and all(t >= 0 for t in layers)
     assert ModelDrafter(draft).forwards == 0
 
@@ -519,3 +522,14 @@ def test_the_strategies_benchmark_runs_every_strategy_fixed_budgets_and_auto():
     assert sorted(str(m["nodes"]) for m in methods.values() if m["strategy"] == "opt") == ["16", "16", "32", "8", "auto"]
     assert all(m["nodes"] == 16 for m in methods.values() if m["strategy"] != "opt")
     assert len(methods["static (EAGLE-style 25) n=16"]["static_tree"]) == 25
+
+
+def test_auto_with_a_feature_head_is_calibrated_and_lossless(count_measures):
+    target = peaked(tiny_model("llama", seed=0), scale=30.0)
+    head, _ = new_head(target, init_layer=0)
+    ids = torch.randint(3, 90, (1, 7), generator=torch.Generator().manual_seed(5))
+    ref = target.generate(ids, max_new_tokens=16, do_sample=False)
+    out = target.generate(ids, max_new_tokens=16, do_sample=False, custom_generate=speculative_generate,
+                          draft_model=head, nodes="auto", threshold="auto", return_dict_in_generate=True)
+    assert torch.equal(out.sequences, ref)
+    assert len(count_measures) == 1 and budget.known_latency(target, head.for_target(target)).layer is not None

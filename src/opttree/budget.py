@@ -370,18 +370,19 @@ def clear_calibrations() -> None:
 
 
 def model_fingerprint(model) -> dict:
-    """What a model's latency depends on: class, name_or_path, a hash of its config, size,
-    device and dtype (not its weights)."""
-    config = model.config
+    """What a model's latency depends on: class, name_or_path, a hash of its config (of its module
+    tree for a plain torch module), size, device and dtype (not its weights)."""
+    config = getattr(model, "config", None)
     name = getattr(config, "name_or_path", "") or getattr(config, "_name_or_path", "")
-    text = config.to_json_string(use_diff=False) if hasattr(config, "to_json_string") else repr(config)
+    text = config.to_json_string(use_diff=False) if hasattr(config, "to_json_string") else str(model)
+    first = next(model.parameters(), None)
     return {
         "class": type(model).__name__,
         "name": str(name),
         "config": hashlib.sha256(text.encode()).hexdigest()[:16],
         "params": sum(p.numel() for p in model.parameters()),
-        "device": str(getattr(model, "device", "")),
-        "dtype": str(getattr(model, "dtype", "")),
+        "device": str(getattr(model, "device", None) or (first.device if first is not None else "")),
+        "dtype": str(getattr(model, "dtype", None) or (first.dtype if first is not None else "")),
     }
 
 
@@ -513,21 +514,29 @@ def measure_verify(target, sizes=VERIFY_SIZES, prefix: int = CALIBRATION_PREFIX,
 
 
 def measure_drafter(drafter, vocab: int, device, widths=DRAFT_WIDTHS, prefix: int = CALIBRATION_PREFIX,
-                    repeats: int = REPEATS) -> tuple[float, tuple[float, ...]]:
+                    repeats: int = REPEATS, hidden_size: int | None = None) -> tuple[float, tuple[float, ...]]:
     """Time a (scratch) drafter through its protocol: (root_probs seconds, expand seconds per width).
 
     Each round commits one more token (``root_probs``: the catch-up of a step), expands ``w``
     children of the root in ONE call, and commits none of them, exactly as a step that accepts
-    nothing. The first round warms up; medians of the rest."""
+    nothing. A drafter that ``wants_hidden_states`` is handed zero features [n, hidden_size] where
+    the decoding loop would hand the target's. The first round warms up; medians of the rest."""
     sequence = (torch.arange(prefix, dtype=torch.long) * 7 % vocab).to(device)
     roots: list[float] = []
     layers: dict[int, list[float]] = {w: [] for w in widths}
+
+    def features(n: int) -> None:  # as generation.py: the prompt's but the root's, then 1 + accepted per step
+        if getattr(drafter, "wants_hidden_states", False):
+            drafter.add_features(torch.zeros(n, hidden_size, device=device))
+
     with torch.inference_mode():
+        features(prefix - 1)
         drafter.root_probs(sequence)  # the prefill
         for round_ in range(repeats + 1):
             for w in widths:
                 token = torch.tensor([(len(sequence) * 5 + 1) % vocab], dtype=torch.long, device=device)
                 sequence = torch.cat([sequence, token])
+                features(1)
                 start = time.perf_counter()
                 q = drafter.root_probs(sequence)
                 _sync(q.device)
@@ -565,7 +574,9 @@ def measure(target, new_drafter: Callable[[], object] | None, prefix: int = CALI
     latency = LatencyModel(verify=verify)
     if new_drafter is not None:
         try:
-            root, layers = measure_drafter(new_drafter(), vocab_size(target), target.device, prefix=prefix)
+            text = target.config.get_text_config() if hasattr(target.config, "get_text_config") else target.config
+            root, layers = measure_drafter(new_drafter(), vocab_size(target), target.device, prefix=prefix,
+                                           hidden_size=getattr(text, "hidden_size", None))
         except Exception as error:  # a drafter that cannot run on synthetic text: learn online instead
             logger.warning("could not time the drafter (%s: %s); learning its cost from the steps",
                            type(error).__name__, error)
