@@ -17,3 +17,12 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _calibration_cache_in_a_temporary_folder(tmp_path_factory):
+    """nodes="auto" caches its calibrations on disk: never in the real ~/.cache during tests."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("OPTTREE_CALIBRATION_DIR", str(tmp_path_factory.mktemp("calibration")))
+        mp.delenv("OPTTREE_CALIBRATION", raising=False)
+        yield

@@ -1,13 +1,23 @@
-"""nodes="auto" / threshold="auto": the selection logic on synthetic latency tables, then end to end."""
+"""Budget policies: the seam, nodes="auto" / threshold="auto" on fake machines, the width cap, the
+calibration (through the drafter protocol) and its on-disk cache, and greedy equality end to end."""
+
+import json
+import math
 
 import pytest
 import torch
 
 from models import peaked, tiny_model
 from opttree import TreeConfig, speculative_generate
-from opttree import budget
-from opttree.budget import AutoTreeConfig, LatencyModel, best_size, depth_threshold, expected_speed
+from opttree import budget, integration
+from opttree.budget import (AutoPolicy, FixedPolicy, LatencyModel, LatencyTable, LayerState, StepPlan, best_choice,
+                            best_size,
+                            expected_speed, layer_pays, layer_width, next_layer_guess)
 from opttree.builder import build_opt_tree
+from opttree.distill.head import new_head
+from opttree.drafters import ModelDrafter, PromptLookupDrafter
+from opttree.drafters.feature_head import FeatureHeadDrafter
+from opttree.stats import LayerTiming, StepStats
 from opttree.strategies import build_tree
 from test_builder import synthetic_probs
 from test_strategies import StrictDrafter
@@ -15,18 +25,25 @@ from test_strategies import StrictDrafter
 SIZES = (0, 1, 2, 4, 8, 16, 32, 64)
 CPU_LIKE = (0.060, 0.065, 0.070, 0.110, 0.145, 0.210, 0.250, 0.230)  # DESIGN-NOTES: plateau at 16-64
 GPU_LIKE = (0.020,) * 8  # verification is free up to 64 nodes
+WIDTHS = (1, 2, 4, 8, 16, 32)
 
 
-def latency(table, draft=0.005):
-    return LatencyModel(sizes=SIZES, verify=table, draft_forward=draft)
+def latency(table, layer=0.005, root=0.0):
+    """A LatencyModel with the verify ``table`` and a flat per-layer draft cost."""
+    return LatencyModel(verify=LatencyTable(SIZES, table), layer=LatencyTable((1,), (layer,)), root_seconds=root)
 
 
-def auto(table, draft=0.005, **kw):
-    kw = {"nodes": 64, "threshold": 0.0, "auto_nodes": True, "auto_threshold": True, **kw}
-    return AutoTreeConfig(latency=latency(table, draft), **kw)
+def step(tree_size=8, verify=0.1, layers=(), root=0.0):
+    return StepStats(tree_size=tree_size, tree_depth=1, expected_length=0.0, accepted=0, emitted=1,
+                     draft_forwards=len(layers), draft_seconds=root + sum(s for _, s in layers), verify_seconds=verify,
+                     root_seconds=root, layers=[LayerTiming(w, s) for w, s in layers])
 
 
-def test_verify_time_interpolates_and_extrapolates():
+# ---------------------------------------------------------------------------------------------
+# the latency model and the pure decisions
+
+
+def test_latency_table_interpolates_and_extrapolates():
     lat = latency(CPU_LIKE)
     assert lat.verify_time(4) == pytest.approx(0.110)
     assert lat.verify_time(3) == pytest.approx(0.090)
@@ -35,6 +52,7 @@ def test_verify_time_interpolates_and_extrapolates():
     assert latency(GPU_LIKE[:-1] + (0.084,)).verify_time(96) == pytest.approx(0.148)  # a rising one is
     lat.verify_scale = 2.0
     assert lat.verify_time(4) == pytest.approx(0.220)
+    assert LatencyModel(verify=LatencyTable(SIZES, CPU_LIKE)).layer_time(8) == 0.0  # unmeasured drafter
 
 
 def test_noisy_calibrations_become_a_non_decreasing_table():
@@ -46,8 +64,8 @@ def test_noisy_calibrations_become_a_non_decreasing_table():
 def brute_force_size(probs, table, draft_seconds):
     lat = latency(table)
     ranked = sorted(probs.tolist(), reverse=True)
-    speeds = [(sum(ranked[:m]) + 1) / (lat.verify_time(m) + draft_seconds) for m in range(1, len(ranked) + 1)]
-    return max(range(len(speeds)), key=lambda i: (speeds[i], -i)) + 1
+    speeds = [(sum(ranked[:m]) + 1) / (lat.verify_time(m) + draft_seconds) for m in range(0, len(ranked) + 1)]
+    return max(range(len(speeds)), key=lambda m: (speeds[m], -m))  # m = 0: the root alone
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -59,7 +77,8 @@ def test_best_size_maximises_expected_tokens_per_second(seed, table):
         m = best_size(probs, latency(table), spent)
         assert m == brute_force_size(probs, table, spent)
         speed = expected_speed(probs, latency(table), spent)
-        assert float(speed[m - 1]) == pytest.approx(float(speed.max()))
+        if m > 0:
+            assert float(speed[m - 1]) == pytest.approx(float(speed.max()))
 
 
 def test_free_verification_takes_every_useful_node_and_costly_takes_few():
@@ -72,42 +91,217 @@ def test_free_verification_takes_every_useful_node_and_costly_takes_few():
     assert best_size(torch.empty(0), latency(GPU_LIKE), 0.0) == 0
 
 
-def test_depth_threshold_is_the_cost_ratio():
-    lat = latency(CPU_LIKE, draft=0.01)
-    probs = torch.tensor([0.9, 0.5, 0.1])
-    # δ = (E + 1) · c / (T + D): one more forward pays only if E grows by more than this share
-    assert depth_threshold(probs, lat, 0.02, 2) == pytest.approx((1.4 + 1) * 0.01 / (0.065 + 0.005 + 0.02))
-    assert depth_threshold(probs, latency(CPU_LIKE, draft=0.0), 0.02, 2) == 0.0
+def test_a_weak_draft_falls_back_to_verifying_the_root_alone():
+    cpu = (0.045, 0.077, 0.080, 0.080, 0.091, 0.119, 0.177, 0.281)  # this project's CPU: T(1) = 1.7 T(0)
+    weak, strong = torch.tensor([0.3, 0.1, 0.05]), torch.tensor([0.9, 0.8, 0.7])
+    assert best_choice(weak, latency(cpu), 0.01) == (0, pytest.approx(1 / 0.055))
+    assert best_size(strong, latency(cpu), 0.01) == 3
+
+def test_the_next_layer_is_guessed_from_the_last_one():
+    # root -> a (0.6), b (0.3); a -> c (0.36 = 0.6 · 0.6), d (0.12 = 0.6 · 0.2); b -> e (0.15 = 0.3 · 0.5)
+    probs = torch.tensor([0.6, 0.3, 0.36, 0.12, 0.15])
+    parents = torch.tensor([-1, -1, 0, 0, 1])
+    guess = next_layer_guess(LayerState(probs, parents, 2, 2))  # q by rank: (0.55, 0.1)
+    expected = sorted([0.36 * 0.55, 0.36 * 0.1, 0.15 * 0.55, 0.15 * 0.1], reverse=True)
+    assert guess.tolist() == pytest.approx(expected)
+    assert next_layer_guess(LayerState(probs[:2], parents[:2], 0, 1)).tolist() == pytest.approx([0.36, 0.18])  # root's q
+    assert len(next_layer_guess(LayerState(probs, parents, 2, 2), cap=3)) == 3
+
+
+def test_a_layer_pays_while_its_gain_per_second_beats_the_current_rate():
+    probs = torch.tensor([0.9, 0.8, 0.72, 0.64])  # a chain-like draft: q = 0.9 at every node
+    parents = torch.tensor([-1, 0, 1, 2])
+    state = LayerState(probs, parents, 3, 1)  # next: one node of p̂ ≈ 0.58
+    free = latency(GPU_LIKE, layer=0.0)
+    assert layer_pays(state, free, 0.01)  # free drafting, free verification: any gain pays
+    assert not layer_pays(state, latency(GPU_LIKE, layer=10.0), 0.01)  # a forward dearer than the gain
+    rate = float(expected_speed(probs, free, 0.01).max())  # the gain 0.58 must beat rate · c
+    c_even = 0.58 / rate
+    assert layer_pays(state, latency(GPU_LIKE, layer=0.9 * c_even), 0.01)
+    assert not layer_pays(state, latency(GPU_LIKE, layer=1.1 * c_even), 0.01)
+    # a layer whose nodes the fastest tree would leave out gains nothing, however cheap drafting is
+    steep = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
+    assert best_size(probs, latency(steep), 0.01) < 4 and not layer_pays(state, latency(steep, layer=0.0), 0.01)
+
+
+def test_layer_width_is_about_twice_the_recent_tree_never_the_whole_budget():
+    assert layer_width(4.0, 64) == 8
+    assert layer_width(10.2, 64) == 20
+    assert layer_width(60.0, 64) == 32  # never more than half the budget
+    assert layer_width(0.3, 64) == 2
+    assert layer_width(5.0, 1) == 1 and layer_width(5.0, 3) == 2
+
+
+def test_online_refresh_moves_towards_measured_times():
+    lat = latency(CPU_LIKE, layer=0.01)
+    for _ in range(100):
+        lat.observe(step(tree_size=8, verify=2 * 0.145, layers=[(8, 0.03)] * 4, root=0.02))
+    assert lat.verify_scale == pytest.approx(2.0, rel=1e-3)
+    assert lat.layer_time(8) == pytest.approx(0.03, rel=1e-3)
+    assert lat.root_seconds == pytest.approx(0.02, rel=1e-3)
+    lat.observe(step(tree_size=8, verify=1000.0))  # an outlier is clipped
+    assert lat.verify_scale <= 2.0 + 0.1 * 2.0
+    unmeasured = LatencyModel(verify=LatencyTable(SIZES, CPU_LIKE))
+    unmeasured.observe(step(layers=[(4, 0.007)]))  # a drafter that could not be timed: learnt from its steps
+    assert unmeasured.layer_time(4) == pytest.approx(0.007) and unmeasured.layer_time(16) == pytest.approx(0.007)
+
+
+@pytest.mark.parametrize("truth", [lambda t: 2.0 * t, lambda t: t + 0.03, lambda t: 1.5 * t + 0.01])
+def test_the_verify_refresh_learns_a_load_as_a_scale_and_a_fixed_cost_as_an_offset(truth):
+    lat = latency(CPU_LIKE)
+    sizes = [0, 1, 4, 8, 16, 32] * 40  # the sizes auto verifies vary from step to step
+    for n in sizes:
+        lat.observe(step(tree_size=n, verify=truth(lat.verify.at(n))))
+    for n in (0, 2, 8, 24):
+        assert lat.verify_time(n) == pytest.approx(truth(lat.verify.at(n)), rel=0.05)
+    one_size = latency(CPU_LIKE)
+    for _ in range(200):  # a single size cannot tell the two apart: a pure scale, as before
+        one_size.observe(step(tree_size=8, verify=truth(0.145)))
+    assert one_size.verify_offset == pytest.approx(0.0, abs=1e-9)
+    assert one_size.verify_time(8) == pytest.approx(truth(0.145), rel=1e-3)
+
+
+def test_auto_learns_the_rest_of_a_step():
+    lat, now = latency(CPU_LIKE), [0.0]
+    policy = AutoPolicy(TreeConfig(nodes="auto"), lat, clock=lambda: now[0])
+    policy.plan()
+    now[0] += 1.0  # the whole step, from plan() to observe()
+    policy.observe(StepStats(tree_size=4, tree_depth=1, expected_length=1.0, accepted=0, emitted=1, draft_forwards=1,
+                             draft_seconds=0.2, verify_seconds=0.3))
+    assert lat.overhead == pytest.approx(0.1 * 0.5)
+    assert float(expected_speed(torch.tensor([1.0]), lat, 0.0)[0]) == pytest.approx(2 / (0.065 * lat.verify_scale + 0.05))
+
+
+# ---------------------------------------------------------------------------------------------
+# the policies on a fake machine (a simulated clock): auto must find the known optimum
+
+
+ALIKE = torch.softmax(torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0]), -1)  # the same q after every context
+
+
+class FakeMachine:
+    """A synthetic drafter whose calls advance a simulated clock by the latency model's costs.
+    draft: "synthetic" (a different pseudo-random q per context) or "alike" (ALIKE everywhere)."""
+
+    def __init__(self, lat: LatencyModel, draft: str = "synthetic"):
+        self.lat, self.draft, self.now, self.strict, self.widths = lat, draft, 0.0, StrictDrafter(), []
+
+    def clock(self) -> float:
+        return self.now
+
+    def root_probs(self) -> torch.Tensor:
+        self.now += self.lat.root_seconds
+        return ALIKE if self.draft == "alike" else synthetic_probs(())
+
+    def expand(self, pool, frontier):
+        self.now += self.lat.layer_time(len(frontier))
+        self.widths.append(len(frontier))
+        q = self.strict(pool, frontier)  # checks the builder contract
+        return ALIKE.expand(len(frontier), -1) if self.draft == "alike" else q
+
+
+def realised_speed(built, lat, draft_seconds) -> float:
+    return (built.tree.expected_length + 1) / (lat.verify_time(len(built.tree)) + draft_seconds)
+
+
+def best_fixed_speed(lat, config, width, draft):
+    """The best speed over every depth and size, by brute force: every depth d drafted in full
+    (same budget and width cap as auto), then the best size for that drafting time."""
+    best = (0.0, None)
+    for depth in range(1, config.max_depth + 1):
+        machine = FakeMachine(lat, draft)
+        plan = StepPlan(nodes=budget.AUTO_MAX_NODES, threshold=0.0, width=width, grow=lambda state: True)
+        built = build_tree(machine.root_probs(), machine.expand, config, depth, plan=plan)
+        speed = best_choice(built.tree.path_probs, lat, machine.now)[1]
+        best = max(best, (speed, depth), key=lambda x: x[0])
+    return best
+
+
+@pytest.mark.parametrize("draft", ["alike", "synthetic"])
+@pytest.mark.parametrize("table,layer", [(CPU_LIKE, 0.001), (CPU_LIKE, 0.004), (CPU_LIKE, 0.02), (CPU_LIKE, 0.08),
+                                         (GPU_LIKE, 0.001), (GPU_LIKE, 0.003), (GPU_LIKE, 0.01),
+                                         ((0.01, 0.02, 0.03, 0.05, 0.09, 0.17, 0.33, 0.65), 0.005)])
+def test_auto_finds_the_fastest_tree_on_a_fake_machine(table, layer, draft):
+    """The optimum (depth and size) by brute force; auto, deciding layer by layer, must reach it
+    exactly when the draft's q looks alike everywhere (its guess of the next layer is then exact),
+    and come within 10 % of it with a q that differs per context."""
+    lat = latency(table, layer=layer, root=layer)
+    config = TreeConfig(nodes="auto", threshold="auto", max_depth=6)
+    machine = FakeMachine(lat, draft)
+    policy = AutoPolicy(config, lat, clock=machine.clock)
+    plan = policy.plan()
+    built = build_tree(machine.root_probs(), machine.expand, config, plan=plan)
+    best, depth = best_fixed_speed(lat, config, plan.width, draft)
+    speed = realised_speed(built, lat, machine.now)
+    if draft == "alike":
+        assert speed == pytest.approx(best, rel=1e-6) and built.draft_forwards + 1 == depth
+    else:
+        assert best * 0.9 <= speed <= best * (1 + 1e-6), (depth, built.draft_forwards + 1)
+    assert max(machine.widths, default=0) <= plan.width
 
 
 def test_expensive_drafts_grow_shallower_trees():
     root = synthetic_probs(())
-    cheap = build_opt_tree(root, StrictDrafter(), auto(CPU_LIKE, draft=0.0005, max_depth=10))
-    dear = build_opt_tree(root, StrictDrafter(), auto(CPU_LIKE, draft=0.5, max_depth=10))
+    config = TreeConfig(nodes="auto", threshold="auto", max_depth=10)
+    cheap = build_tree(root, StrictDrafter(), config, plan=AutoPolicy(config, latency(CPU_LIKE, layer=0.0005)).plan())
+    dear = build_tree(root, StrictDrafter(), config, plan=AutoPolicy(config, latency(CPU_LIKE, layer=0.5)).plan())
     assert dear.draft_forwards < cheap.draft_forwards
-    assert dear.draft_forwards == 1  # the first layer's gain never pays for a forward as slow as 8 verifies
+    assert dear.draft_forwards == 0  # no layer's gain pays for a forward as slow as 8 verifies
+
+
+def test_the_width_cap_follows_the_recent_tree_size():
+    root = synthetic_probs(())
+    config = TreeConfig(nodes="auto", threshold=0.0, max_depth=5)
+    lat = latency(GPU_LIKE, layer=0.0)
+    policy = AutoPolicy(config, lat)
+    assert policy.plan().width == 8  # before any step: twice START_SIZE
+    drafter = StrictDrafter()
+    build_tree(root, drafter, config, plan=policy.plan())
+    assert max(map(len, drafter.calls)) == 8
+    uncapped = StrictDrafter()
+    build_opt_tree(root, uncapped, TreeConfig(nodes=64, threshold=0.0, max_depth=5))
+    assert max(map(len, uncapped.calls)) > 8  # what the cap saves
+    for _ in range(30):
+        policy.observe(step(tree_size=2, verify=0.02))
+    assert policy.plan().width == 4
+    assert AutoPolicy(config, lat).plan().width == 4  # a later call with these settings starts from there
+    assert AutoPolicy(TreeConfig(nodes="auto", threshold="auto"), lat).plan().width == 8  # other settings do not
+    narrow = StrictDrafter()
+    build_tree(root, narrow, config, plan=policy.plan())
+    assert max(map(len, narrow.calls)) <= 4
 
 
 @pytest.mark.parametrize("strategy", ["opt", "heap", "delayed", "chain", "static"])
 def test_auto_nodes_cut_every_strategy_to_its_fastest_prefix(strategy):
     root = synthetic_probs(())
-    steep = (0.001, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64)
-    config = auto(steep, draft=0.0001, strategy=strategy, auto_threshold=False, threshold=0.0, max_depth=4, nodes=20)
-    built = build_tree(root, StrictDrafter(), config)
+    steep = (0.01, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64)
+    config = TreeConfig(nodes="auto", threshold=0.0, max_depth=4, strategy=strategy)
+    built = build_tree(root, StrictDrafter(), config, plan=AutoPolicy(config, latency(steep, layer=0.0001)).plan())
     full = build_tree(root, StrictDrafter(), TreeConfig(nodes=20, threshold=0.0, max_depth=4, strategy=strategy))
     assert 1 <= len(built.tree) < len(full.tree)
-    free = build_tree(root, StrictDrafter(), auto(GPU_LIKE, strategy=strategy, auto_threshold=False, max_depth=4, nodes=20))
+    cheap = AutoPolicy(TreeConfig(nodes=20, threshold="auto", max_depth=4, strategy=strategy), latency(GPU_LIKE, layer=0.0))
+    free = build_tree(root, StrictDrafter(), cheap.config, plan=cheap.plan())
     assert len(free.tree) == len(full.tree)
 
 
-def test_online_refresh_moves_towards_measured_times():
-    lat = latency(CPU_LIKE, draft=0.01)
-    for _ in range(100):
-        lat.observe(tree_size=8, verify_seconds=2 * 0.145, draft_forwards=4, draft_seconds=4 * 0.03)
-    assert lat.verify_scale == pytest.approx(2.0, rel=1e-3)
-    assert lat.draft_forward == pytest.approx(0.03, rel=1e-3)
-    lat.observe(tree_size=8, verify_seconds=1000.0, draft_forwards=0, draft_seconds=0.0)  # an outlier is clipped
-    assert lat.verify_scale <= 2.0 + 0.1 * 2.0
+@pytest.mark.parametrize("strategy", ["opt", "heap", "delayed", "chain"])
+def test_growth_rules_stop_every_growing_strategy(strategy):
+    config = TreeConfig(nodes=20, threshold=0.0, max_depth=6, strategy=strategy)
+    asked = []
+    never = StepPlan(nodes=20, threshold=0.0, grow=lambda state: asked.append(state) or False)
+    drafter = StrictDrafter()
+    built = build_tree(synthetic_probs(()), drafter, config, plan=never)
+    assert built.draft_forwards == len(drafter.calls) == (2 if strategy == "delayed" else 0)  # delayed: its stem
+    assert asked and all(0 <= s.previous <= len(s.path_probs) and s.next_width >= 1 for s in asked)
+
+
+def test_fixed_policy_is_todays_behaviour():
+    config = TreeConfig(nodes=12, threshold=0.2, max_depth=5)
+    policy = FixedPolicy(config)
+    assert policy.max_nodes == 12 and policy.plan() == StepPlan(nodes=12, threshold=0.2)
+    a = build_tree(synthetic_probs(()), StrictDrafter(), config, plan=policy.plan())
+    b = build_opt_tree(synthetic_probs(()), StrictDrafter(), config)
+    assert torch.equal(a.tree.tokens, b.tree.tokens) and torch.equal(a.tree.parents, b.tree.parents)
 
 
 def test_config_accepts_auto_and_nothing_else():
@@ -117,25 +311,158 @@ def test_config_accepts_auto_and_nothing_else():
             TreeConfig(**bad)
 
 
-def test_resolve_measures_once_per_model_and_keeps_other_settings(monkeypatch):
+# ---------------------------------------------------------------------------------------------
+# the seam in the decoding loop
+
+
+class RecordingPolicy:
+    """A policy of its own: a fixed plan, and a record of every step it was told about."""
+
+    def __init__(self, nodes):
+        self.max_nodes, self.plans, self.steps = nodes, 0, []
+
+    def plan(self):
+        self.plans += 1
+        return StepPlan(nodes=self.max_nodes, threshold=0.0, width=2)
+
+    def observe(self, stats):
+        self.steps.append(stats)
+
+
+def test_the_loop_asks_the_policy_each_step_and_tells_it_the_cost(monkeypatch):
+    target = peaked(tiny_model("llama", seed=0), scale=30.0)
+    ids = torch.randint(3, 90, (1, 7), generator=torch.Generator().manual_seed(2))
+    policy = RecordingPolicy(6)
+    monkeypatch.setattr(integration.budget, "make_policy", lambda *args: policy)
+    ref = target.generate(ids, max_new_tokens=16, do_sample=False)
+    out = target.generate(ids, max_new_tokens=16, do_sample=False, custom_generate=speculative_generate,
+                          draft_model=target, max_depth=4, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, ref)
+    assert policy.plans == len(policy.steps) == len(out.stats.steps)
+    assert all(s.tree_size <= 6 and all(t.width <= 2 for t in s.layers) for s in policy.steps)
+    timed = [s for s in policy.steps if s.layers]
+    assert timed and all(s.root_seconds > 0 and s.draft_forwards == len(s.layers) + 1 for s in timed)
+    assert all(s.build_seconds >= 0 and s.draft_seconds >= s.root_seconds + sum(t.seconds for t in s.layers)
+               for s in policy.steps)
+
+
+# ---------------------------------------------------------------------------------------------
+# calibration: through the drafter protocol, cached in memory and on disk
+
+
+def test_drafters_are_timed_through_their_protocol():
+    draft = tiny_model("llama", seed=1, layers=1)
+    head, _ = new_head(tiny_model("llama", seed=0), init_layer=0)
+    for drafter in (ModelDrafter(draft), PromptLookupDrafter(vocab_size=96), FeatureHeadDrafter(head)):
+        root, layers = budget.measure_drafter(drafter, 96, torch.device("cpu"), repeats=1, hidden_size=32)
+        assert root >= 0 and len(layers) == len(budget.DRAFT_WIDTHS) and all(t >= 0 for t in layers)
+    assert ModelDrafter(draft).forwards == 0
+
+
+@pytest.fixture
+def pair():
     target = tiny_model("llama", seed=0)
+    draft = tiny_model("llama", seed=1, layers=1)
+    return target, ModelDrafter(draft), (lambda: ModelDrafter(draft))
+
+
+@pytest.fixture
+def count_measures(monkeypatch):
     calls = []
-    real = budget._timed_forward
-    monkeypatch.setattr(budget, "_timed_forward", lambda *a, **k: calls.append(1) or real(*a, **k))
-    monkeypatch.setattr(budget, "_CALIBRATIONS", {})
+    real = budget.measure
+    monkeypatch.setattr(budget, "measure", lambda *a, **k: calls.append(1) or real(*a, **k))
+    budget.clear_calibrations()
+    yield calls
+    budget.clear_calibrations()
 
-    class Drafter:
-        model = tiny_model("llama", seed=1, layers=1)
 
+def test_calibration_is_written_reused_and_invalidated_on_disk(pair, tmp_path, count_measures):
+    target, drafter, new_drafter = pair
+    first = budget.calibrate(target, drafter, new_drafter, folder=tmp_path, mode="on")
+    files = list(tmp_path.glob("*.json"))
+    assert len(count_measures) == 1 and len(files) == 1
+    data = json.loads(files[0].read_text())
+    assert data["key"]["target"]["class"] == "LlamaForCausalLM" and data["key"]["threads"] == torch.get_num_threads()
+    assert first.layer is not None and len(first.verify.seconds) == len(budget.VERIFY_SIZES)
+    assert budget.calibrate(target, drafter, new_drafter, folder=tmp_path, mode="on") is first  # memory
+
+    budget.clear_calibrations()  # a new process: read from disk, nothing measured
+    again = budget.calibrate(target, drafter, new_drafter, folder=tmp_path, mode="on")
+    assert len(count_measures) == 1 and again.verify == first.verify and again.layer == first.layer
+
+    threads = torch.get_num_threads()
+    try:  # another key (threads, another draft): measured again, another file
+        torch.set_num_threads(threads + 1)
+        budget.calibrate(target, drafter, new_drafter, folder=tmp_path, mode="on")
+    finally:
+        torch.set_num_threads(threads)
+    other = ModelDrafter(tiny_model("llama", seed=1, layers=2))
+    budget.calibrate(target, other, lambda: ModelDrafter(other.model), folder=tmp_path, mode="on")
+    assert len(count_measures) == 3 and len(list(tmp_path.glob("*.json"))) == 3
+
+    budget.calibrate(target, drafter, new_drafter, folder=tmp_path, mode="refresh")  # measured and rewritten
+    assert len(count_measures) == 4 and len(list(tmp_path.glob("*.json"))) == 3
+
+
+def test_calibration_off_never_touches_the_disk_and_bad_files_are_ignored(pair, tmp_path, count_measures):
+    target, drafter, new_drafter = pair
+    budget.calibrate(target, drafter, new_drafter, folder=tmp_path / "off", mode="off")
+    assert not (tmp_path / "off").exists()
+    key = budget.calibration_key(target, drafter)
+    (tmp_path / f"{budget._digest(key)}.json").write_text("{not json")
+    budget.clear_calibrations()
+    budget.calibrate(target, drafter, new_drafter, folder=tmp_path, mode="on")
+    assert len(count_measures) == 2
+
+
+def test_cache_location_and_mode_come_from_the_environment(monkeypatch, tmp_path):
+    monkeypatch.delenv("OPTTREE_CALIBRATION_DIR", raising=False)
+    monkeypatch.setenv("OPTTREE_CACHE", str(tmp_path / "root"))
+    assert budget.cache_dir() == tmp_path / "root" / "calibration"
+    monkeypatch.setenv("OPTTREE_CALIBRATION_DIR", str(tmp_path / "cal"))
+    assert budget.cache_dir() == tmp_path / "cal"
+    monkeypatch.setenv("OPTTREE_CALIBRATION", "Refresh")
+    assert budget.cache_mode() == "refresh"
+    monkeypatch.setenv("OPTTREE_CALIBRATION", "sometimes")
+    with pytest.raises(ValueError, match="OPTTREE_CALIBRATION"):
+        budget.cache_mode()
+
+
+def test_calibration_fits_the_context_or_refuses_auto(pair):
+    target, drafter, new_drafter = pair
+    assert budget.calibration_prefix(target) == 256 - budget._ROOM  # tiny models: 256 positions
+    drafter.context_length = 200
+    assert budget.calibration_prefix(target, drafter) == 200 - budget._ROOM
+    target.config.max_position_embeddings = budget._ROOM + budget.MIN_CALIBRATION_PREFIX - 1
+    with pytest.raises(ValueError, match="context"):
+        budget.make_policy(TreeConfig(nodes="auto"), target, drafter, new_drafter)
+
+
+def test_the_test_session_never_writes_into_the_home_cache():
+    from pathlib import Path
+
+    assert not str(budget.cache_dir()).startswith(str(Path.home() / ".cache"))
+
+
+def test_make_policy_measures_once_per_pair_and_keeps_other_settings(pair, count_measures):
+    target, drafter, new_drafter = pair
     config = TreeConfig(nodes="auto", threshold=0.3, max_depth=7, strategy="heap")
-    resolved = budget.resolve(config, target, Drafter())
-    assert isinstance(resolved, AutoTreeConfig) and resolved.auto_nodes and not resolved.auto_threshold
-    assert (resolved.nodes, resolved.threshold, resolved.max_depth, resolved.strategy) == (64, 0.3, 7, "heap")
-    assert len(resolved.latency.verify) == len(budget.VERIFY_SIZES) and resolved.latency.draft_forward > 0
-    measured = len(calls)
-    budget.resolve(config, target, Drafter())
-    assert len(calls) == measured  # cached
-    assert budget.resolve(TreeConfig(nodes=5), target, Drafter()) == TreeConfig(nodes=5)
+    policy = budget.make_policy(config, target, drafter, new_drafter)
+    assert isinstance(policy, AutoPolicy) and policy.auto_nodes and not policy.auto_threshold
+    plan = policy.plan()
+    assert (plan.nodes, plan.threshold, plan.grow, policy.max_nodes) == (64, 0.3, None, 64)
+    assert policy.latency.layer is not None and policy.latency.layer_time(8) > 0
+    budget.make_policy(config, target, drafter, new_drafter)
+    assert len(count_measures) == 1  # cached
+    assert isinstance(budget.make_policy(TreeConfig(nodes=5), target, drafter), FixedPolicy)
+    bare = ModelDrafter(tiny_model("llama", seed=1, layers=3))
+    uncopyable = budget.make_policy(TreeConfig(threshold="auto"), target, bare, None)
+    assert uncopyable.latency.layer is None  # learnt from the steps instead
+    assert uncopyable.max_nodes == 60 and uncopyable.plan().size is None
+
+
+# ---------------------------------------------------------------------------------------------
+# end to end: lossless
 
 
 @pytest.mark.parametrize("strategy", ["opt", "heap"])
@@ -143,9 +470,66 @@ def test_auto_is_equal_to_greedy_generate(strategy):
     target = peaked(tiny_model("llama", seed=0), scale=30.0)
     ids = torch.randint(3, 90, (1, 7), generator=torch.Generator().manual_seed(2))
     ref = target.generate(ids, max_new_tokens=20, do_sample=False)
-    for draft in (target, tiny_model("llama", seed=1)):
+    for draft in (target, tiny_model("llama", seed=1), "prompt_lookup"):
         out = target.generate(ids, max_new_tokens=20, do_sample=False, custom_generate=speculative_generate,
                               draft_model=draft, nodes="auto", threshold="auto", strategy=strategy,
                               return_dict_in_generate=True)
         assert torch.equal(out.sequences, ref)
         assert max(out.stats.tree_sizes) <= budget.AUTO_MAX_NODES
+        assert all(t.width <= 32 for s in out.stats.steps for t in s.layers)
+
+
+def test_auto_learns_an_uncopyable_drafters_cost_and_stays_lossless():
+    target = peaked(tiny_model("llama", seed=0), scale=30.0)
+    ids = torch.randint(3, 90, (1, 7), generator=torch.Generator().manual_seed(3))
+    ref = target.generate(ids, max_new_tokens=16, do_sample=False)
+    drafter = ModelDrafter(tiny_model("llama", seed=1))  # a bare Drafter: no scratch copy to time
+    out = target.generate(ids, max_new_tokens=16, do_sample=False, custom_generate=speculative_generate,
+                          draft_model=drafter, nodes="auto", threshold="auto", return_dict_in_generate=True)
+    assert torch.equal(out.sequences, ref)
+    learnt = budget.known_latency(target, drafter)
+    assert learnt.layer is not None and math.isfinite(learnt.layer_time(4))
+
+
+def test_steps_that_verify_the_root_alone_stay_lossless(monkeypatch):
+    target = peaked(tiny_model("llama", seed=0), scale=30.0)
+    ids = torch.randint(3, 90, (1, 7), generator=torch.Generator().manual_seed(4))
+    policy = RecordingPolicy(8)
+    policy.plan = lambda: StepPlan(nodes=8, threshold=0.0, size=lambda path_probs: 0)  # auto's m = 0, every step
+    monkeypatch.setattr(integration.budget, "make_policy", lambda *args: policy)
+    ref = target.generate(ids, max_new_tokens=12, do_sample=False)
+    for draft in (target, "prompt_lookup"):
+        out = target.generate(ids, max_new_tokens=12, do_sample=False, custom_generate=speculative_generate,
+                              draft_model=draft, return_dict_in_generate=True)
+        assert torch.equal(out.sequences, ref)
+        assert set(out.stats.tree_sizes) == {0} and len(out.stats.steps) == 12
+
+
+def test_the_strategies_benchmark_runs_every_strategy_fixed_budgets_and_auto():
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).parent.parent / "benchmarks" / "strategies.py"
+    spec = importlib.util.spec_from_file_location("strategies_benchmark", path)
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = bench  # dataclasses look their module up
+    spec.loader.exec_module(bench)
+    args = bench.argparse.Namespace(nodes=16, budgets="8,32", threshold=0.3, max_depth=8,
+                                    strategies="opt,heap,delayed,chain,static", auto="opt")
+    methods = bench.methods_for(args)
+    assert {m["strategy"] for m in methods.values()} == {"opt", "heap", "delayed", "chain", "static"}
+    assert sorted(str(m["nodes"]) for m in methods.values() if m["strategy"] == "opt") == ["16", "16", "32", "8", "auto"]
+    assert all(m["nodes"] == 16 for m in methods.values() if m["strategy"] != "opt")
+    assert len(methods["static (EAGLE-style 25) n=16"]["static_tree"]) == 25
+
+
+def test_auto_with_a_feature_head_is_calibrated_and_lossless(count_measures):
+    target = peaked(tiny_model("llama", seed=0), scale=30.0)
+    head, _ = new_head(target, init_layer=0)
+    ids = torch.randint(3, 90, (1, 7), generator=torch.Generator().manual_seed(5))
+    ref = target.generate(ids, max_new_tokens=16, do_sample=False)
+    out = target.generate(ids, max_new_tokens=16, do_sample=False, custom_generate=speculative_generate,
+                          draft_model=head, nodes="auto", threshold="auto", return_dict_in_generate=True)
+    assert torch.equal(out.sequences, ref)
+    assert len(count_measures) == 1 and budget.known_latency(target, head.for_target(target)).layer is not None

@@ -20,6 +20,7 @@ from typing import Callable
 
 import torch
 
+from .budget import LayerState
 from .config import TreeConfig
 from .tree import DraftTree
 
@@ -28,6 +29,8 @@ from .tree import DraftTree
 #   frontier: [k] long, indices into pool
 #   returns:  [k, vocab] float
 Expand = Callable[[DraftTree, torch.Tensor], torch.Tensor]
+# grow(state) -> draft one more layer? (a budget policy's rule: budget.StepPlan.grow)
+Grow = Callable[[LayerState], bool]
 
 
 @dataclass
@@ -68,11 +71,15 @@ def top_children(parent_probs: torch.Tensor, child_probs: torch.Tensor, budget: 
     return flat // vocab, flat % vocab, top.values[keep]
 
 
-def build_opt_tree(root_probs: torch.Tensor, expand: Expand, config: TreeConfig, max_depth=None) -> BuiltTree:
+def build_opt_tree(root_probs: torch.Tensor, expand: Expand, config: TreeConfig, max_depth=None, *,
+                   width: int | None = None, grow: Grow | None = None) -> BuiltTree:
     """Grow an OPT-Tree.
 
     root_probs: [vocab] float, the draft's q for the root's children.
     max_depth:  a tighter depth cap for this step (e.g. tokens left before max_new_tokens).
+    width:      the most nodes one draft forward expands (the layer's best by p̂); None: no cap.
+    grow:       after each drafted layer, whether to draft the next (budget.py); None: OPT-Tree's
+                rule, while E(A) of the best ``nodes`` nodes grows by more than ``threshold``.
     """
     budget = config.nodes
     depth_cap = config.max_depth if max_depth is None else min(config.max_depth, max_depth)
@@ -89,11 +96,12 @@ def build_opt_tree(root_probs: torch.Tensor, expand: Expand, config: TreeConfig,
     forwards = 0
     q_of_pool = {-1: root_probs}  # pool id -> q for its children
 
-    # 2. deeper layers while E(A) still grows by more than the threshold
+    # 2. deeper layers while E(A) still grows by more than the threshold (or `grow` says so)
     for _ in range(depth_cap - 1):
-        best = best_nodes(pool.path_probs, budget)
-        frontier = layer[torch.isin(layer, best)]  # only nodes that can still have kept children
+        frontier = next_frontier(pool.path_probs, layer, budget, width)
         if len(frontier) == 0:
+            break
+        if grow is not None and not grow(LayerState(pool.path_probs, pool.parents, int(layer[0]), len(frontier))):
             break
         child_probs = expand(pool, frontier)  # [k, vocab]
         forwards += 1
@@ -109,13 +117,25 @@ def build_opt_tree(root_probs: torch.Tensor, expand: Expand, config: TreeConfig,
         )
         layer = torch.arange(start, len(pool), device=tokens.device)
         gains.append(pool.path_probs[best_nodes(pool.path_probs, budget)].sum().item())
-        layer_threshold = getattr(config, "layer_threshold", None)  # threshold="auto": see budget.py
-        delta = layer_threshold(pool.path_probs, forwards) if layer_threshold else config.threshold
-        if gains[-1] - gains[-2] <= delta:
+        if grow is None and gains[-1] - gains[-2] <= config.threshold:
             break
 
     # 3. the final tree: the best `budget` nodes, re-indexed
     return from_pool(pool, best_nodes(pool.path_probs, budget), q_of_pool, gains, forwards)
+
+
+def next_frontier(path_probs: torch.Tensor, layer: torch.Tensor, budget: int, width: int | None) -> torch.Tensor:
+    """The newest layer's nodes worth expanding: those still among the pool's best ``budget``
+    (no other can have a kept child), at most ``width`` of them, the most probable first.
+
+    path_probs: [m] float, the pool's p̂; layer: [k] long, ascending pool ids of the newest layer.
+    returns:    [<= min(k, width)] long, ascending pool ids.
+    """
+    frontier = layer[torch.isin(layer, best_nodes(path_probs, budget))]
+    if width is not None and len(frontier) > width:
+        order = torch.sort(path_probs[frontier], descending=True, stable=True).indices[:width]
+        frontier = torch.sort(frontier[order]).values
+    return frontier
 
 
 def from_pool(pool: DraftTree, keep: torch.Tensor, q_of_pool: dict, gains: list[float], forwards: int) -> BuiltTree:

@@ -15,8 +15,10 @@ from dataclasses import dataclass
 import torch
 
 from . import kv_cache
+from .budget import BudgetPolicy, FixedPolicy
 from .builder import BuiltTree
 from .config import TreeConfig
+from .drafters.clock import DraftClock
 from .masks import verification_inputs
 from .stats import GenerationStats, StepStats
 from .tree import DraftTree
@@ -73,7 +75,10 @@ def speculative_decode(
     generator: torch.Generator | None = None,
     output_scores: bool = False,
     output_logits: bool = False,
+    policy: BudgetPolicy | None = None,
 ) -> DecodeResult:
+    """policy: each step's tree budget (budget.py); default: ``config``'s fixed nodes and threshold."""
+    policy = policy or FixedPolicy(config)
     pick = sampled_choice if do_sample else greedy_choice
     sequence = input_ids[0]
     stats = GenerationStats(prompt_tokens=len(sequence))
@@ -96,9 +101,11 @@ def speculative_decode(
         depth_cap = min(max_length - len(sequence) - 1, context_length - len(sequence))
         t0 = time.perf_counter()
         forwards_before = getattr(drafter, "forwards", 0)
+        plan = policy.plan()  # this step's nodes, threshold, layer width (and for "auto" its rules)
+        clock = DraftClock(drafter)  # times the drafter's calls, whatever the drafter
         if depth_cap >= 1:
-            root_probs = drafter.root_probs(sequence)
-            built = build_tree(root_probs, drafter.expand, config, depth_cap, generator=generator)
+            root_probs = clock.root_probs(sequence)
+            built = build_tree(root_probs, clock.expand, config, depth_cap, generator=generator, plan=plan)
         else:
             built = BuiltTree(DraftTree.empty(sequence.device), torch.empty(0, dtype=torch.long))
         tree = DraftTree(built.tree.tokens.to(sequence.device), built.tree.parents.to(sequence.device),
@@ -153,10 +160,10 @@ def speculative_decode(
             verify_seconds=t2 - t1,
             tree=tree,
             accepted_nodes=list(acceptance.nodes),
+            root_seconds=clock.root_seconds,
+            layers=clock.layers,
         ))
-
-        if hasattr(config, "observe"):  # nodes/threshold="auto": refresh the latency model (budget.py)
-            config.observe(stats.steps[-1])
+        policy.observe(stats.steps[-1])  # what the step cost ("auto" refreshes its latency model)
 
     if streamer is not None:
         streamer.end()

@@ -46,12 +46,14 @@ def _decode(model, draft_model, config: TreeConfig, input_ids, logits_processor,
     if is_batch(input_ids, attention_mask):
         return _decode_batch(model, drafter, config, input_ids, attention_mask, logits_processor, stopping_criteria,
                              generation_config, streamer, generator, model_kwargs.get("past_key_values"), max_context)
-    config = budget.resolve(config, model, drafter)  # nodes/threshold="auto": measure this machine
+    # nodes/threshold="auto": measure this machine (a scratch drafter of the same kind is timed)
+    new_drafter = None if drafter is draft_model else (lambda: make_drafter(draft_model, model))
+    policy = budget.make_policy(config, model, drafter, new_drafter)
     max_length = stopping_criteria.max_length or generation_config.max_length
     cache = model_kwargs.get("past_key_values")
     if cache is None:
         cache = kv_cache.new_cache(model)
-    total = min(max_length, max_context or max_length) + config.nodes
+    total = min(max_length, max_context or max_length) + policy.max_nodes
     kv_cache.check_cache(cache, total)
     if getattr(drafter, "cache", None) is not None:
         kv_cache.check_cache(drafter.cache, total)
@@ -67,6 +69,7 @@ def _decode(model, draft_model, config: TreeConfig, input_ids, logits_processor,
             generator=generator,
             output_scores=bool(generation_config.output_scores),
             output_logits=bool(generation_config.output_logits),
+            policy=policy,
         )
     if generation_config.return_dict_in_generate:
         return SpeculativeDecoderOnlyOutput(

@@ -159,7 +159,8 @@ def _preorder(parents: list[int]) -> list[int]:
 
 
 def build_sampled_tree(root_probs: torch.Tensor, expand: Expand, config: TreeConfig, max_depth=None,
-                       generator: torch.Generator | None = None, draws: str = "without_replacement") -> SampledTree:
+                       generator: torch.Generator | None = None, draws: str = "without_replacement", *,
+                       width: int | None = None, grow=None) -> SampledTree:
     """A tree whose children are drawn from the draft's q, budgeted like OPT-Tree.
 
     root_probs: [vocab] float. A node of path probability p̂ gets as many children as there are
@@ -167,7 +168,8 @@ def build_sampled_tree(root_probs: torch.Tensor, expand: Expand, config: TreeCon
     whose q looked alike everywhere would fill about ``nodes`` nodes), drawn from q (``draws``).
     Layer by layer, one draft forward per layer; the final tree is the first ``nodes`` nodes in
     depth-first order. Every decision uses only tokens drawn before the node in that order, which
-    is what the sampling verifiers need (module docstring).
+    is what the sampling verifiers need (module docstring). ``width`` and ``grow`` (a budget
+    policy's) are ignored: cutting the layers short would bias the draws the verifiers rely on.
     """
     if draws not in DRAWS:
         raise ValueError(f"draws must be one of {DRAWS}, got {draws!r}")

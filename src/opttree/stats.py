@@ -8,6 +8,14 @@ from .tree import DraftTree
 
 
 @dataclass
+class LayerTiming:
+    """One ``drafter.expand`` call: how many nodes it expanded and how long it took."""
+
+    width: int
+    seconds: float
+
+
+@dataclass
 class StepStats:
     tree_size: int  # draft nodes verified
     tree_depth: int
@@ -15,11 +23,18 @@ class StepStats:
     accepted: int  # draft tokens the target agreed with (the bonus token not counted)
     emitted: int  # tokens this step added: accepted + bonus, fewer if generation stopped inside it
     draft_forwards: int  # draft-model forwards this step (the catch-up forward included)
-    draft_seconds: float
+    draft_seconds: float  # the whole drafting phase: the drafter's calls and the tree building
     verify_seconds: float
     tree: DraftTree | None = None  # the verified draft tree (tokens, parents, p̂), for a look at it
     accepted_nodes: list[int] | None = None  # node ids of `tree` the target accepted, root to leaf
     rows: int = 1  # batch rows verified in this step's forward (a batch step sums its rows' figures)
+    root_seconds: float = 0.0  # of draft_seconds: drafter.root_probs() (the catch-up forward)
+    layers: list[LayerTiming] = field(default_factory=list)  # of draft_seconds: each drafter.expand()
+
+    @property
+    def build_seconds(self) -> float:
+        """Drafting time outside the drafter's calls: top-k, pools, masks, the budget policy."""
+        return max(self.draft_seconds - self.root_seconds - sum(t.seconds for t in self.layers), 0.0)
 
 
 @dataclass

@@ -19,19 +19,22 @@ it (a model drafter has its ancestors in its cache), and ``BuiltTree.pool_ids`` 
 - ``"static"``: a fixed shape, ``config.static_tree`` (root-to-node paths of sibling ranks; default
   :data:`~opttree.static_trees.DEFAULT_STATIC_TREE`), filled with the draft's ranked tokens.
 
-With ``nodes="auto"`` (an :class:`~opttree.budget.AutoTreeConfig`), :func:`build_tree` keeps the
-top-m nodes by p̂ that maximise the expected tokens per second, whatever the strategy.
+Every builder takes the same keywords from the step's :class:`~opttree.budget.StepPlan`: ``width``
+(the most nodes one draft forward expands) and ``grow`` (whether to draft one more layer, asked
+before each draft forward past the first layer; None: the strategy's own rule). Fixed shapes
+("static", "sampled") ignore both. With ``nodes="auto"`` the plan's ``size`` rule then keeps the
+top-m nodes by p̂ that maximise the expected tokens per second, whatever the strategy (budget.py).
 """
 
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import replace
 
 import torch
 
-from .builder import BuiltTree, Expand, best_nodes, build_opt_tree, from_pool, select, top_children
+from .budget import LayerState, StepPlan
+from .builder import BuiltTree, Expand, Grow, best_nodes, build_opt_tree, from_pool, select, top_children
 from .config import TreeConfig
 from .sampling import build_sampled_tree
 from .static_trees import DEFAULT_STATIC_TREE, check_paths
@@ -65,10 +68,11 @@ def heap_batch(budget: int) -> int:
 
 
 def build_heap_tree(root_probs: torch.Tensor, expand: Expand, config: TreeConfig, max_depth=None,
-                    batch: int | None = None) -> BuiltTree:
+                    batch: int | None = None, *, width: int | None = None, grow: Grow | None = None) -> BuiltTree:
     """The E(A)-optimal ``config.nodes``-node tree, by best-first expansion.
 
-    root_probs: [vocab] float. batch: nodes expanded per draft forward (default: nodes / 8).
+    root_probs: [vocab] float. batch: nodes expanded per draft forward (default: nodes / 8, at
+    most ``width``). grow: asked before each draft forward; stopping early gives up optimality.
     Invariant: every sequence missing from the pool has p̂ no higher than the current n-th best
     pool node, once no unexpanded node above that line (and above the depth cap) remains. Each
     forward expands the ``batch`` most probable such nodes; only the ``nodes`` best children of a
@@ -77,7 +81,7 @@ def build_heap_tree(root_probs: torch.Tensor, expand: Expand, config: TreeConfig
     budget, depth_cap = config.nodes, _depth_cap(config, max_depth)
     if depth_cap < 1:
         return _empty(root_probs.device)
-    batch = batch or heap_batch(budget)
+    batch = batch or min(heap_batch(budget), width or budget)
     one = torch.ones(1, dtype=root_probs.dtype, device=root_probs.device)
     _, tokens, probs = top_children(one, root_probs[None, :], budget)
     pool = DraftTree(tokens, torch.full_like(tokens, -1), probs)
@@ -86,6 +90,7 @@ def build_heap_tree(root_probs: torch.Tensor, expand: Expand, config: TreeConfig
     q_of_pool = {-1: root_probs}
     gains = [pool.path_probs[best_nodes(pool.path_probs, budget)].sum().item()]
     forwards = 0
+    previous_size = 0  # pool size before the last draft forward's children
     while True:
         best = best_nodes(pool.path_probs, budget)
         line = pool.path_probs[best].min() if len(best) == budget else pool.path_probs.new_tensor(0.0)
@@ -94,6 +99,9 @@ def build_heap_tree(root_probs: torch.Tensor, expand: Expand, config: TreeConfig
             break
         order = torch.sort(pool.path_probs[open_], descending=True, stable=True).indices[:batch]
         frontier = torch.sort(open_[order]).values
+        if grow is not None and not grow(LayerState(pool.path_probs, pool.parents, previous_size, len(frontier))):
+            break
+        previous_size = len(pool)
         child_probs = expand(pool, frontier)  # [k, vocab]
         forwards += 1
         expanded[frontier] = True
@@ -111,14 +119,17 @@ def build_heap_tree(root_probs: torch.Tensor, expand: Expand, config: TreeConfig
 # "chain" and "delayed"
 
 
-def _greedy_path(root_probs: torch.Tensor, expand: Expand, length: int):
-    """A path of ``length`` draft-argmax tokens: (pool, q_of_pool, forwards); the tip not expanded."""
+def _greedy_path(root_probs: torch.Tensor, expand: Expand, length: int, grow: Grow | None = None):
+    """A path of up to ``length`` draft-argmax tokens: (pool, q_of_pool, forwards); the tip not
+    expanded. grow: asked before each draft forward (None: always)."""
     q_of_pool = {-1: root_probs}
     q, tokens, probs, p = root_probs, [], [], 1.0
     pool = DraftTree.empty(root_probs.device)
     forwards = 0
     for i in range(length):
         if i > 0:
+            if grow is not None and not grow(LayerState(pool.path_probs, pool.parents, i - 1, 1)):
+                break
             q = expand(pool, torch.tensor([i - 1], device=pool.tokens.device))[0]
             forwards += 1
             q_of_pool[i - 1] = q
@@ -134,12 +145,14 @@ def _greedy_path(root_probs: torch.Tensor, expand: Expand, length: int):
     return pool, q_of_pool, forwards
 
 
-def build_chain(root_probs: torch.Tensor, expand: Expand, config: TreeConfig, max_depth=None) -> BuiltTree:
-    """root_probs: [vocab] float. One path of min(nodes, depth cap) draft-greedy tokens."""
+def build_chain(root_probs: torch.Tensor, expand: Expand, config: TreeConfig, max_depth=None, *,
+                width: int | None = None, grow: Grow | None = None) -> BuiltTree:
+    """root_probs: [vocab] float. One path of min(nodes, depth cap) draft-greedy tokens (fewer
+    when ``grow`` stops it; ``width`` is always 1)."""
     length = min(config.nodes, _depth_cap(config, max_depth))
     if length < 1:
         return _empty(root_probs.device)
-    pool, q_of_pool, forwards = _greedy_path(root_probs, expand, length)
+    pool, q_of_pool, forwards = _greedy_path(root_probs, expand, length, grow)
     keep = torch.arange(len(pool), device=pool.tokens.device)
     return from_pool(pool, keep, q_of_pool, [pool.expected_length], forwards)
 
@@ -153,9 +166,9 @@ def _graft(stem: DraftTree, sub: DraftTree) -> DraftTree:
 
 
 def build_delayed_tree(root_probs: torch.Tensor, expand: Expand, config: TreeConfig, max_depth=None,
-                       delay: int = DELAY) -> BuiltTree:
+                       delay: int = DELAY, *, width: int | None = None, grow: Grow | None = None) -> BuiltTree:
     """root_probs: [vocab] float. ``delay`` draft-greedy tokens, then an OPT-Tree below the last
-    one with the remaining budget and depth."""
+    one with the remaining budget and depth (``width`` and ``grow`` apply to that OPT-Tree)."""
     budget, depth_cap = config.nodes, _depth_cap(config, max_depth)
     stem_len = min(delay, budget, depth_cap)
     if stem_len < 1:
@@ -174,7 +187,16 @@ def build_delayed_tree(root_probs: torch.Tensor, expand: Expand, config: TreeCon
     def expand_below(sub_pool: DraftTree, frontier: torch.Tensor) -> torch.Tensor:
         return expand(_graft(stem, sub_pool), frontier + len(stem))
 
-    sub = build_opt_tree(tip_probs, expand_below, replace(config, nodes=budget - stem_len), depth_cap - stem_len)
+    sub_grow = None
+    if grow is not None:  # the policy sees absolute p̂: the stem's, then the sub-tree's below the tip
+        def sub_grow(state: LayerState) -> bool:
+            probs = torch.cat([stem.path_probs, state.path_probs * stem.path_probs[tip]])
+            parents = torch.cat([stem.parents, torch.where(state.parents >= 0, state.parents + len(stem),
+                                                           torch.full_like(state.parents, tip))])
+            return grow(LayerState(probs, parents, state.previous + len(stem), state.next_width))
+
+    sub = build_opt_tree(tip_probs, expand_below, replace(config, nodes=budget - stem_len), depth_cap - stem_len,
+                         width=width, grow=sub_grow)
     tree = _graft(stem, sub.tree)
     pool_ids = torch.cat([whole, sub.pool_ids + len(stem)])
     draft_probs = {i: q_of_pool[i] for i in range(-1, len(stem))}
@@ -187,10 +209,12 @@ def build_delayed_tree(root_probs: torch.Tensor, expand: Expand, config: TreeCon
 # "static": a fixed shape
 
 
-def build_static_tree(root_probs: torch.Tensor, expand: Expand, config: TreeConfig, max_depth=None) -> BuiltTree:
+def build_static_tree(root_probs: torch.Tensor, expand: Expand, config: TreeConfig, max_depth=None, *,
+                      width: int | None = None, grow: Grow | None = None) -> BuiltTree:
     """root_probs: [vocab] float. Fill ``config.static_tree`` (sibling-rank paths) with the draft's
     ranked tokens, one draft forward per depth; nodes beyond the depth cap, or whose token has
-    q = 0, are dropped (with their descendants); then the best ``nodes`` by p̂ are kept."""
+    q = 0, are dropped (with their descendants); then the best ``nodes`` by p̂ are kept. A fixed
+    shape: ``width`` and ``grow`` are ignored."""
     depth_cap = _depth_cap(config, max_depth)
     paths = [p for p in check_paths(config.static_tree or DEFAULT_STATIC_TREE) if len(p) <= depth_cap]
     if not paths:
@@ -240,19 +264,21 @@ BUILDERS = {
 
 
 def build_tree(root_probs: torch.Tensor, expand: Expand, config: TreeConfig, max_depth: int | None = None,
-               generator: torch.Generator | None = None) -> BuiltTree:
+               generator: torch.Generator | None = None, plan: StepPlan | None = None) -> BuiltTree:
     """root_probs: [vocab] float; max_depth: this step's cap (tokens left, context left).
 
-    With a resolved ``nodes="auto"`` config, the strategy's tree is cut to its top-m nodes by p̂
-    for the m that maximises expected tokens per second (budget.py)."""
-    if config.nodes == "auto" or config.threshold == "auto":
-        raise ValueError("nodes/threshold='auto' must be resolved against the models first: "
-                         "opttree.budget.resolve(config, target, drafter)")
-    start = time.perf_counter()
+    plan: this step's budget from a :class:`~opttree.budget.BudgetPolicy` (default: ``config``'s
+    fixed nodes and threshold); with ``nodes="auto"`` its ``size`` rule then cuts the strategy's
+    tree to the top-m nodes by p̂ that maximise the expected tokens per second."""
+    if plan is None:
+        if config.nodes == "auto" or config.threshold == "auto":
+            raise ValueError("nodes/threshold='auto' must be resolved against the models first: "
+                             "build_tree(..., plan=opttree.budget.make_policy(config, target, drafter).plan())")
+        plan = StepPlan(nodes=config.nodes, threshold=config.threshold)
+    step_config = replace(config, nodes=plan.nodes, threshold=plan.threshold)
     builder = BUILDERS[config.strategy]
     extra = {"generator": generator} if getattr(builder, "takes_generator", False) else {}  # "sampled" draws
-    built = builder(root_probs, expand, config, max_depth, **extra)
-    if getattr(config, "auto_nodes", False) and type(built) is BuiltTree:  # subclasses keep their own order
-        spent = time.perf_counter() - start + config.latency.draft_forward  # + the root's catch-up forward
-        built = keep_best(built, config.step_size(built.tree.path_probs, spent))
+    built = builder(root_probs, expand, step_config, max_depth, width=plan.width, grow=plan.grow, **extra)
+    if plan.size is not None and type(built) is BuiltTree:  # subclasses keep their own order
+        built = keep_best(built, plan.size(built.tree.path_probs))
     return built
