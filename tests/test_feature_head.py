@@ -217,3 +217,11 @@ def test_sampling_with_a_head_is_reproducible():
                                generator=torch.Generator().manual_seed(seed))
 
     assert torch.equal(run(1), run(1))
+
+
+def test_head_in_bf16_under_an_fp32_target_stays_lossless():
+    target = peaked(tiny_model("qwen2", seed=0), scale=30.0)
+    head = randomised(new_head(target)[0]).to(torch.bfloat16)
+    ids = prompt(7)
+    ref = target.generate(ids, max_new_tokens=16, do_sample=False)
+    assert torch.equal(spec(target, head, ids, max_new_tokens=16, nodes=6).sequences, ref)

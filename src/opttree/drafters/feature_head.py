@@ -178,8 +178,9 @@ class FeatureHead(nn.Module):
                 past: KV | None, mask: torch.Tensor) -> tuple[torch.Tensor, KV]:
         """features [b, q, H] (f_{j-1}), tokens [b, q] (t_j), positions [b, q], mask
         [b, 1, q, s + q] -> (predicted features g_j [b, q, H], the new entries' KV)."""
-        embedded = self.embed[0](tokens.to(self.embed[0].weight.device)).to(features.device, features.dtype)
-        x = self.fc(torch.cat([embedded, features], dim=-1))
+        dtype = self.fc.weight.dtype  # the head may run in another dtype than the target (e.g. bf16)
+        embedded = self.embed[0](tokens.to(self.embed[0].weight.device)).to(self.device, dtype)
+        x = self.fc(torch.cat([embedded, features.to(self.device, dtype)], dim=-1))
         x, new = self.layer(x, positions, past, mask)
         return self.norm(x), new
 
