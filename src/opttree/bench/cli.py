@@ -47,6 +47,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--assistant", default=None,
                    help="the draft for HF assisted generation when --draft is an EAGLE-style feature head "
                         "(same forms as --draft; default: --draft itself)")
+    p.add_argument("--mix-lookup", type=float, default=None, metavar="WEIGHT",
+                   help="opttree drafts with the draft AND prompt lookup mixed (opttree.drafters.MixedDrafter, "
+                        "this n-gram weight where the text matched)")
     p.add_argument("--methods", default=",".join(METHODS),
                    help="comma-separated: plain, assisted, lookup, opttree, opttree-lookup (plain is always run)")
     p.add_argument("--categories", default=None,
@@ -122,6 +125,12 @@ def main(argv: list[str] | None = None) -> int:
     target, tokenizer = load_target(args.target, dtype, device)
     draft = load_draft_model(args.draft, target, dtype, device)
     assistant = load_draft_model(args.assistant, target, dtype, device) if args.assistant else None
+    if args.mix_lookup is not None and draft is not None:
+        from ..drafters import MixedDrafter
+
+        if assistant is None and hasattr(draft, "generation_config"):
+            assistant = draft
+        draft = MixedDrafter(draft, weight=args.mix_lookup)
     if "assisted" in methods and assistant is None and not hasattr(draft, "generation_config"):
         logger.warning("--draft is not an HF model: skipping assisted (give --assistant PATH)")
         methods = [m for m in methods if m != "assisted"]
