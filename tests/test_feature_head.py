@@ -225,3 +225,15 @@ def test_head_in_bf16_under_an_fp32_target_stays_lossless():
     ids = prompt(7)
     ref = target.generate(ids, max_new_tokens=16, do_sample=False)
     assert torch.equal(spec(target, head, ids, max_new_tokens=16, nodes=6).sequences, ref)
+
+
+def test_head_through_every_entry_point():
+    from opttree import SpeculativeGenerator, speculative
+
+    target = peaked(tiny_model("llama", seed=0), scale=30.0)
+    head = randomised(new_head(target)[0])
+    ids = prompt(8)
+    ref = target.generate(ids, max_new_tokens=12, do_sample=False)
+    assert torch.equal(SpeculativeGenerator(target, head, nodes=5).generate(ids, max_new_tokens=12, do_sample=False), ref)
+    model = speculative(target)
+    assert torch.equal(model.generate(ids, draft_model=head, nodes=5, max_new_tokens=12, do_sample=False), ref)

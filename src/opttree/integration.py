@@ -200,7 +200,7 @@ class SpeculativeGenerator:
 
     def __init__(self, target, draft, nodes=None, threshold=None, max_depth=None, strategy=None, verifier=None,
                  static_tree=None, tokenizer=None, draft_tokenizer=None):
-        if not isinstance(draft, str) and not hasattr(draft, "root_probs"):  # a model, not a Drafter
+        if not isinstance(draft, str) and not hasattr(draft, "root_probs") and not hasattr(draft, "for_target"):  # a model
             check_pair(target, draft, tokenizer, draft_tokenizer)
         self.target = target
         self.draft = draft

@@ -248,13 +248,13 @@ class FeatureHeadDrafter:
         """The target's features [m, H] of the next m committed positions."""
         self.pending = torch.cat([self.pending, features.to(self.pending.device, self.pending.dtype)])
 
-    def _run(self, features, tokens, positions, visible) -> torch.Tensor:
+    def _run(self, features, tokens, positions, visible) -> tuple[torch.Tensor, KV]:
         """Feed q entries ([q, H], [q], [q]) seeing ``visible`` [q, s + q] of cache + tree + them."""
         with torch.inference_mode():
             past = self.kv if self.tree_kv is None else self.kv.cat(self.tree_kv)
             predicted, new = self.head(features[None], tokens[None], positions[None], past, additive(visible))
         self.forwards += 1
-        return predicted[0], new  # [q, H]
+        return predicted[0], new  # [q, H], the new entries
 
     def root_probs(self, sequence: torch.Tensor) -> torch.Tensor:
         start, end = self.cached, len(sequence)
