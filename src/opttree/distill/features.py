@@ -17,6 +17,8 @@ from pathlib import Path
 
 import torch
 
+from .data import load_round
+
 logger = logging.getLogger(__name__)
 
 
@@ -70,7 +72,4 @@ def extract_features(target, sequences: list[torch.Tensor], out_dir: str | Path,
 
 def load_features(out_dir: str | Path) -> list[dict]:
     """Every record of every shard under ``out_dir``, in shard order."""
-    records = []
-    for shard in sorted(Path(out_dir).glob("shard_*.pt")):
-        records.extend(torch.load(shard, weights_only=False))
-    return records
+    return load_round(Path(out_dir))

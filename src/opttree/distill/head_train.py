@@ -37,7 +37,7 @@ from torch import nn
 
 from ..drafters.feature_head import FeatureHead
 from .head import new_head, save_head
-from .train import kept_tokens, soft_hard_loss, split_records
+from .train import kept_tokens, lr_at, soft_hard_loss, split_records
 
 logger = logging.getLogger(__name__)
 
@@ -173,14 +173,6 @@ def kept_index(head: FeatureHead) -> torch.Tensor:
     full_to_kept = torch.full((head.c.vocab_size,), -1, dtype=torch.long)
     full_to_kept[head.token_ids] = torch.arange(len(head.token_ids))
     return full_to_kept
-
-
-def lr_at(step: int, total: int, cfg: HeadTrainConfig) -> float:
-    """Linear warm-up then cosine decay to 10 % of ``cfg.lr``."""
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    progress = min(1.0, (step - cfg.warmup_steps) / max(1, total - cfg.warmup_steps))
-    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
 def token_batches(records: list[dict], batch_tokens: int, rng: random.Random) -> list[list[int]]:

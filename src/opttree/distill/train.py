@@ -187,8 +187,8 @@ def agreement(draft, records: list[dict], max_len: int, pad_id: int, batch_size:
     return hits / max(total, 1), covered / max(total, 1)
 
 
-def lr_at(step: int, total: int, cfg: TrainConfig) -> float:
-    """Linear warm-up then cosine decay to 10 % of ``cfg.lr``."""
+def lr_at(step: int, total: int, cfg) -> float:
+    """Linear warm-up then cosine decay to 10 % of ``cfg.lr`` (any config with lr and warmup_steps)."""
     if step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
     progress = min(1.0, (step - cfg.warmup_steps) / max(1, total - cfg.warmup_steps))
