@@ -29,6 +29,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from ..masks import additive_mask
 from ..tree import DraftTree
 
 
@@ -101,9 +102,6 @@ class KV:
 
     def cat(self, other: "KV") -> "KV":
         return KV(torch.cat([self.keys, other.keys], 2), torch.cat([self.values, other.values], 2))
-
-    def select(self, slots: torch.Tensor) -> "KV":
-        return KV(self.keys[:, :, slots], self.values[:, :, slots])
 
 
 class HeadLayer(nn.Module):
@@ -218,11 +216,6 @@ def causal_visible(q: int, s: int, device) -> torch.Tensor:
     return visible
 
 
-def additive(visible: torch.Tensor) -> torch.Tensor:
-    """[q, k] bool -> [1, 1, q, k] float32 additive mask."""
-    return torch.zeros(visible.shape, device=visible.device).masked_fill_(~visible, float("-inf"))[None, None]
-
-
 class FeatureHeadDrafter:
     """Drafts trees with a :class:`FeatureHead`; one instance per generate() call."""
 
@@ -252,7 +245,7 @@ class FeatureHeadDrafter:
         """Feed q entries ([q, H], [q], [q]) seeing ``visible`` [q, s + q] of cache + tree + them."""
         with torch.inference_mode():
             past = self.kv if self.tree_kv is None else self.kv.cat(self.tree_kv)
-            predicted, new = self.head(features[None], tokens[None], positions[None], past, additive(visible))
+            predicted, new = self.head(features[None], tokens[None], positions[None], past, additive_mask(visible, torch.float32))
         self.forwards += 1
         return predicted[0], new  # [q, H], the new entries
 
