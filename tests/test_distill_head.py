@@ -61,3 +61,37 @@ def test_distill_head_end_to_end(tmp_path):
     out = target.generate(ids, max_new_tokens=20, do_sample=False, custom_generate=speculative_generate,
                           draft_model=head, nodes=6, return_dict_in_generate=True)
     assert torch.equal(out.sequences, ref)
+
+
+def test_answer_positions_are_found_and_scored():
+    from opttree.distill.head_train import answer_start, chunks
+
+    marker = [7, 8]
+    ids = torch.tensor([1, 7, 8, 4, 5, 7, 8, 20, 21, 22])  # the answer starts after the LAST marker
+    assert answer_start(ids, marker) == 7
+    assert answer_start(ids, []) == 0 and answer_start(torch.tensor([1, 2, 3]), marker) == 0
+    record = {"input_ids": ids, "hidden": torch.zeros(10, 4), "topk_ids": torch.zeros(10, 2, dtype=torch.long),
+              "topk_logits": torch.zeros(10, 2)}
+    pieces = chunks([record], max_len=4, marker=marker)  # positions 0-3, 4-7, 8-9
+    # position 6 is the first whose label (the next token, 20) is an answer token
+    assert [p["answer_from"] for p in pieces] == [6, 2, 0]  # the first piece has none
+    batch = make_batch(pieces)
+    assert batch.answer.tolist() == [[False] * 4, [False, False, True, True], [True, True, False, False]]
+    assert (batch.answer <= batch.valid).all()
+
+
+def test_answers_only_scores_exactly_the_answer_positions():
+    from opttree.distill.head_train import chunks, kept_index, pass_loss
+
+    target = peaked(tiny_model("llama", seed=0), scale=30.0)
+    head, _ = new_head(target, init_layer=1)
+    text = texts(2, 40)
+    marker = text[0][20:22].tolist()  # the first text's answer starts at 22; the second has no marker
+    batch = make_batch(chunks([features_of(target, t, topk=4) for t in text], 64, marker))
+    g = unrolled(head, batch, unroll=2, noise=0.0)
+    full_to_kept = kept_index(head)
+    for depth in (0, 1):
+        _, every = pass_loss(head, g[depth], batch, depth, full_to_kept, 0.0)
+        _, answers = pass_loss(head, g[depth], batch, depth, full_to_kept, 0.0, answers_only=True)
+        assert len(every) == 2 * (40 - depth)
+        assert len(answers) == (40 - 21) + (40 - depth)  # from position 21 (predicts token 22) on

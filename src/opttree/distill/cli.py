@@ -62,6 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--init-layer", type=int, default=-1, help="target layer copied into the head (-1: last)")
     h.add_argument("--unroll", type=int, default=3, help="training-time test passes (tree depths trained)")
     h.add_argument("--batch-tokens", type=int, default=2048)
+    h.add_argument("--init-head", default=None, help="a saved head to go on training (keeps its kept tokens)")
+    h.add_argument("--answers-only", action="store_true",
+                   help="train on answer positions only (the prompt stays as context)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     return p
@@ -121,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     stop = eos_ids(target, tokenizer)
     if args.kind == "head":
-        return _train_head(target, records, cache, args, sorted(stop))
+        return _train_head(target, tokenizer, records, cache, args, sorted(stop))
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(stop)
     result = train_draft(target, records, args.out, train_cfg, pad_id, sorted(stop))
     logger.info("draft saved to %s: val agreement %.3f after %d steps (%.1f min, %d answer tokens)",
@@ -130,8 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _train_head(target, records: list[dict], cache: Path, args, always_keep: list[int]) -> int:
-    from .features import extract_features, load_features, unique_sequences
+def _train_head(target, tokenizer, records: list[dict], cache: Path, args, always_keep: list[int]) -> int:
+    from .features import answer_marker, extract_features, load_features, unique_sequences
     from .head_train import HeadTrainConfig, train_head
 
     sequences = unique_sequences(records, 1024)
@@ -140,9 +143,10 @@ def _train_head(target, records: list[dict], cache: Path, args, always_keep: lis
     cfg = HeadTrainConfig(
         num_kept_tokens=args.kept_tokens, init_layer=args.init_layer, unroll=args.unroll, epochs=args.epochs,
         batch_tokens=args.batch_tokens, max_len=args.max_len, lr=args.lr, max_minutes=args.max_minutes,
-        eval_every=args.eval_every, seed=args.seed, save_dtype=args.save_dtype,
+        eval_every=args.eval_every, seed=args.seed, save_dtype=args.save_dtype, answers_only=args.answers_only,
     )
-    result = train_head(target, load_features(features), args.out, cfg, always_keep)
+    result = train_head(target, load_features(features), args.out, cfg, always_keep,
+                        answer_marker=answer_marker(tokenizer), init=args.init_head)
     logger.info("feature head saved to %s: val agreement by depth %s after %d steps (%.1f min, %d tokens)",
                 result.path, " ".join(f"{a:.3f}" for a in result.val_agreement), result.steps,
                 result.seconds / 60, result.train_tokens)

@@ -22,6 +22,20 @@ from .data import load_round
 logger = logging.getLogger(__name__)
 
 
+def answer_marker(tokenizer) -> list[int]:
+    """The token ids the tokenizer's chat template puts just before an assistant answer
+    (SmolLM2: ``<|im_start|>assistant\\n``); [] without a chat template."""
+    if not getattr(tokenizer, "chat_template", None):
+        return []
+    turn = [{"role": "user", "content": "Hi"}]
+    kwargs = dict(tokenize=False)
+    with_answer = tokenizer.apply_chat_template(turn, add_generation_prompt=True, **kwargs)
+    without = tokenizer.apply_chat_template(turn, add_generation_prompt=False, **kwargs)
+    if not with_answer.startswith(without) or with_answer == without:
+        return []
+    return tokenizer(with_answer[len(without):], add_special_tokens=False)["input_ids"]
+
+
 def unique_sequences(records: list[dict], max_len: int) -> list[torch.Tensor]:
     """The records' ``input_ids`` ([L] long), duplicates dropped, cut to ``max_len``; order kept."""
     seen, out = set(), []

@@ -106,3 +106,9 @@ def load_head(path: str | Path, target) -> FeatureHead:
     head = FeatureHead(c, target.get_input_embeddings(), output_rows(target, ids), ids)
     head.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()})
     return head.to(target.get_input_embeddings().weight.device).eval()
+
+
+def continued_head(path: str | Path, target) -> tuple[FeatureHead, HeadMeta]:
+    """A saved head and its metadata, to go on training it (float32, train mode)."""
+    meta = HeadMeta(**json.loads((Path(path) / META_FILE).read_text()))
+    return load_head(path, target).train(), meta

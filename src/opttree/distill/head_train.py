@@ -20,6 +20,12 @@ Loss at every pass, summed with weights ``decay**d``:
 
 Validation agreement per depth = how often the head's argmax at depth ``d`` equals the target's
 greedy token there (depth 1 is the root's children: the first drafted token).
+
+Answer positions: with an ``answer_marker`` (the token ids the chat template puts before an
+answer, :func:`~opttree.distill.features.answer_marker`), only the positions that predict answer
+tokens are scored in validation, and, with ``HeadTrainConfig.answers_only``, in the loss. The
+prompt still serves as context. Without it, every position counts (the system prompt and the
+user's text then inflate the validation number: they are not what the head drafts).
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ import torch
 from torch import nn
 
 from ..drafters.feature_head import FeatureHead
-from .head import new_head, save_head
+from .head import continued_head, new_head, save_head
 from .train import kept_tokens, lr_at, soft_hard_loss, split_records
 
 logger = logging.getLogger(__name__)
@@ -61,26 +67,42 @@ class HeadTrainConfig:
     seed: int = 0
     save_dtype: str = "float16"
     bf16: bool = True  # bf16 autocast for training matmuls (~5x faster on CPUs with AVX512-BF16)
+    answers_only: bool = False  # loss only where the label is an answer token (needs answer_marker)
 
 
 @dataclass
 class FeatureBatch:
     """Right-padded texts. ``tokens`` [B, L] long; ``features`` [B, L, H] float (f_j);
-    ``valid`` [B, L] bool; ``topk_ids`` [B, L, k] long and ``topk_logits`` [B, L, k] float."""
+    ``valid`` [B, L] bool; ``topk_ids`` [B, L, k] long and ``topk_logits`` [B, L, k] float;
+    ``answer`` [B, L] bool: valid positions whose label is an answer token (see the module doc)."""
 
     tokens: torch.Tensor
     features: torch.Tensor
     valid: torch.Tensor
     topk_ids: torch.Tensor
     topk_logits: torch.Tensor
+    answer: torch.Tensor
 
 
-def chunks(records: list[dict], max_len: int) -> list[dict]:
-    """Texts cut into pieces of at most ``max_len`` positions."""
+def answer_start(ids: torch.Tensor, marker: list[int]) -> int:
+    """Index of the first answer token of ``ids`` [L]: just after the LAST ``marker``; 0 when
+    ``marker`` is empty or absent (then the whole text counts as answer)."""
+    m = len(marker)
+    if m == 0 or len(ids) < m:
+        return 0
+    hits = (ids.unfold(0, m, 1) == torch.tensor(marker)).all(-1).nonzero()  # [n, 1]
+    return int(hits[-1]) + m if len(hits) else 0
+
+
+def chunks(records: list[dict], max_len: int, marker: list[int] = ()) -> list[dict]:
+    """Texts cut into pieces of at most ``max_len`` positions; each piece's ``answer_from`` is
+    the first position whose label (the next token) is an answer token."""
     out = []
     for r in records:
+        first = max(answer_start(r["input_ids"], list(marker)) - 1, 0)
         for s in range(0, len(r["input_ids"]), max_len):
-            out.append({k: r[k][s:s + max_len] for k in ("input_ids", "hidden", "topk_ids", "topk_logits")})
+            piece = {k: r[k][s:s + max_len] for k in ("input_ids", "hidden", "topk_ids", "topk_logits")}
+            out.append(dict(piece, answer_from=max(first - s, 0)))
     return out
 
 
@@ -93,12 +115,14 @@ def make_batch(records: list[dict]) -> FeatureBatch:
         valid=torch.zeros(b, width, dtype=torch.bool),
         topk_ids=torch.zeros(b, width, k, dtype=torch.long),
         topk_logits=torch.zeros(b, width, k),
+        answer=torch.zeros(b, width, dtype=torch.bool),
     )
     for i, r in enumerate(records):
         n = len(r["input_ids"])
         batch.tokens[i, :n] = r["input_ids"]
         batch.features[i, :n] = r["hidden"].float()
         batch.valid[i, :n] = True
+        batch.answer[i, r.get("answer_from", 0):n] = True
         batch.topk_ids[i, :n] = r["topk_ids"].long()
         batch.topk_logits[i, :n] = r["topk_logits"].float()
     return batch
@@ -139,9 +163,11 @@ def unrolled(head: FeatureHead, batch: FeatureBatch, unroll: int, noise: float) 
 
 
 def pass_loss(head: FeatureHead, g: torch.Tensor, batch: FeatureBatch, depth: int,
-              full_to_kept: torch.Tensor, reg_weight: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(loss, hits [N] bool) of one pass over the positions that have a root (j >= depth)."""
-    where = batch.valid.clone()
+              full_to_kept: torch.Tensor, reg_weight: float,
+              answers_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss, hits [N] bool) of one pass over the positions that have a root (j >= depth),
+    answer positions only if ``answers_only``."""
+    where = (batch.answer if answers_only else batch.valid).clone()
     where[:, :depth] = False
     pred, true = g[where], batch.features[where]  # [N, H]
     logits = head.reduced_logits(pred)  # [N, K]
@@ -154,14 +180,14 @@ def pass_loss(head: FeatureHead, g: torch.Tensor, batch: FeatureBatch, depth: in
 
 @torch.no_grad()
 def agreement(head: FeatureHead, records: list[dict], unroll: int, batch_size: int = 8) -> list[float]:
-    """Top-1 agreement with the target's greedy token at depths 1..unroll."""
+    """Top-1 agreement with the target's greedy token at depths 1..unroll, at answer positions."""
     head.eval()
     full_to_kept = kept_index(head)
     hits, total = [0] * unroll, [0] * unroll
     for s in range(0, len(records), batch_size):
         batch = make_batch(records[s:s + batch_size])
         for depth, g in enumerate(unrolled(head, batch, unroll, 0.0)):
-            _, h = pass_loss(head, g, batch, depth, full_to_kept, 0.0)
+            _, h = pass_loss(head, g, batch, depth, full_to_kept, 0.0, answers_only=True)
             hits[depth] += int(h.sum())
             total[depth] += len(h)
     head.train()
@@ -202,18 +228,26 @@ class HeadTrainResult:
 
 
 def train_head(target, records: list[dict], out_dir: str | Path, cfg: HeadTrainConfig,
-               always_keep: list[int] = ()) -> HeadTrainResult:
+               always_keep: list[int] = (), answer_marker: list[int] = (),
+               init: str | Path | None = None) -> HeadTrainResult:
     """Train a head for ``target`` on feature ``records``; the best (by mean validation agreement
-    over depths) is saved to ``out_dir`` with ``training.json``."""
+    over depths) is saved to ``out_dir`` with ``training.json``.
+
+    ``answer_marker``: see the module doc. ``init``: a saved head to go on training (its kept tokens
+    are kept; ``num_kept_tokens`` and ``init_layer`` are then unused)."""
     out_dir = Path(out_dir)
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
     train, val = split_records(records, cfg.val_fraction, cfg.seed)
-    train, val = chunks(train, cfg.max_len), chunks(val, cfg.max_len)
-    token_ids = kept_tokens(train, target.config.vocab_size, cfg.num_kept_tokens, list(always_keep))
-    layers = len(target.get_decoder().layers)
-    init_layer = None if cfg.init_layer is None else cfg.init_layer % layers
-    head, meta = new_head(target, token_ids, init_layer)
+    train, val = chunks(train, cfg.max_len, answer_marker), chunks(val, cfg.max_len, answer_marker)
+    if init is None:
+        token_ids = kept_tokens(train, target.config.vocab_size, cfg.num_kept_tokens, list(always_keep))
+        layers = len(target.get_decoder().layers)
+        init_layer = None if cfg.init_layer is None else cfg.init_layer % layers
+        head, meta = new_head(target, token_ids, init_layer)
+    else:
+        head, meta = continued_head(init, target)
+        token_ids = head.token_ids
     head.train()
     full_to_kept = kept_index(head)
     params = [p for p in head.parameters() if p.requires_grad]
@@ -250,7 +284,8 @@ def train_head(target, records: list[dict], out_dir: str | Path, cfg: HeadTrainC
             for group in optim.param_groups:
                 group["lr"] = lr_at(step, total, cfg)
             with torch.autocast(device_type=head.device.type, dtype=torch.bfloat16, enabled=cfg.bf16):
-                loss = sum(cfg.decay ** d * pass_loss(head, g, batch, d, full_to_kept, cfg.reg_weight)[0]
+                loss = sum(cfg.decay ** d * pass_loss(head, g, batch, d, full_to_kept, cfg.reg_weight,
+                                                      cfg.answers_only)[0]
                            for d, g in enumerate(unrolled(head, batch, cfg.unroll, cfg.noise)))
             optim.zero_grad(set_to_none=True)
             loss.backward()
