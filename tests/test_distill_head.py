@@ -95,3 +95,20 @@ def test_answers_only_scores_exactly_the_answer_positions():
         _, answers = pass_loss(head, g[depth], batch, depth, full_to_kept, 0.0, answers_only=True)
         assert len(every) == 2 * (40 - depth)
         assert len(answers) == (40 - 21) + (40 - depth)  # from position 21 (predicts token 22) on
+
+
+def test_widened_head_keeps_its_predictions_for_the_old_tokens():
+    from opttree.distill.head import widened
+
+    target = tiny_model("llama", seed=0)
+    head, _ = new_head(target, torch.arange(10, 60), init_layer=1)
+    with torch.no_grad():
+        head.out_bias.normal_()
+    wide = widened(head, target, torch.tensor([5, 70, 12, 5, 90]))  # 12 is kept already; 5 twice
+    assert wide.token_ids.tolist() == [5] + list(range(10, 60)) + [70, 90]
+    g = torch.randn(3, target.config.hidden_size)
+    old, new = head.full_logits(g), wide.full_logits(g)
+    torch.testing.assert_close(new[:, head.token_ids], old[:, head.token_ids])
+    assert (new[:, [5, 70, 90]] > torch.finfo(torch.float32).min).all()  # now reachable
+    low = torch.quantile(head.out_bias.detach(), 0.05)
+    torch.testing.assert_close(wide.out_bias[wide.token_ids == 70], low[None])

@@ -50,7 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="another cache folder whose answers are added to training (repeatable)")
     t = p.add_argument_group("training")
     t.add_argument("--init-layers", default="0,1", help="target layers copied into the draft")
-    t.add_argument("--kept-tokens", type=int, default=8192, help="output vocabulary of the draft")
+    t.add_argument("--kept-tokens", type=int, default=8192,
+                   help="output vocabulary of the draft (with --init-head: a larger number widens it)")
     t.add_argument("--epochs", type=float, default=2.0)
     t.add_argument("--batch-size", type=int, default=8)
     t.add_argument("--max-len", type=int, default=512)

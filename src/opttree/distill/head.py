@@ -112,3 +112,20 @@ def continued_head(path: str | Path, target) -> tuple[FeatureHead, HeadMeta]:
     """A saved head and its metadata, to go on training it (float32, train mode)."""
     meta = HeadMeta(**json.loads((Path(path) / META_FILE).read_text()))
     return load_head(path, target).train(), meta
+
+
+def widened(head: FeatureHead, target, extra_ids: torch.Tensor) -> FeatureHead:
+    """``head`` with ``extra_ids`` [E] added to its kept tokens: the same weights; the new
+    tokens' output bias starts at the 5th percentile of the old ones (rare, not impossible)."""
+    old = head.token_ids.cpu()
+    extra = extra_ids.cpu().long().unique()
+    extra = extra[~torch.isin(extra, old)]
+    ids, order = torch.cat([old, extra]).sort()  # kept ids stay sorted ascending
+    wide = FeatureHead(head.c, head.embed[0], output_rows(target, ids), ids)
+    state = {k: v for k, v in head.state_dict().items() if k not in ("out_bias", "token_ids")}
+    wide.load_state_dict(state, strict=False)
+    with torch.no_grad():
+        low = torch.quantile(head.out_bias.detach().float().cpu(), 0.05)
+        bias = torch.cat([head.out_bias.detach().float().cpu(), low.expand(len(extra))])
+        wide.out_bias.copy_(bias[order])
+    return wide.to(head.device).train(head.training)

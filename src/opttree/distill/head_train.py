@@ -42,8 +42,8 @@ import torch
 from torch import nn
 
 from ..drafters.feature_head import FeatureHead
-from .head import continued_head, new_head, save_head
-from .train import kept_tokens, lr_at, soft_hard_loss, split_records
+from .head import continued_head, new_head, save_head, widened
+from .train import kept_tokens, lr_at, ranked_tokens, soft_hard_loss, split_records
 
 logger = logging.getLogger(__name__)
 
@@ -229,16 +229,21 @@ class HeadTrainResult:
 
 def train_head(target, records: list[dict], out_dir: str | Path, cfg: HeadTrainConfig,
                always_keep: list[int] = (), answer_marker: list[int] = (),
-               init: str | Path | None = None) -> HeadTrainResult:
+               init: str | Path | None = None, val_records: list[dict] | None = None) -> HeadTrainResult:
     """Train a head for ``target`` on feature ``records``; the best (by mean validation agreement
     over depths) is saved to ``out_dir`` with ``training.json``.
 
     ``answer_marker``: see the module doc. ``init``: a saved head to go on training (its kept tokens
-    are kept; ``num_kept_tokens`` and ``init_layer`` are then unused)."""
+    grow to ``num_kept_tokens`` if that is larger; ``init_layer`` is then unused). ``val_records``: the validation
+    texts (then every record trains; default: ``val_fraction`` of ``records``), e.g. to keep the
+    validation set of the run ``init`` came from."""
     out_dir = Path(out_dir)
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
-    train, val = split_records(records, cfg.val_fraction, cfg.seed)
+    if val_records is None:
+        train, val = split_records(records, cfg.val_fraction, cfg.seed)
+    else:
+        train, val = records, val_records
     train, val = chunks(train, cfg.max_len, answer_marker), chunks(val, cfg.max_len, answer_marker)
     if init is None:
         token_ids = kept_tokens(train, target.config.vocab_size, cfg.num_kept_tokens, list(always_keep))
@@ -247,6 +252,10 @@ def train_head(target, records: list[dict], out_dir: str | Path, cfg: HeadTrainC
         head, meta = new_head(target, token_ids, init_layer)
     else:
         head, meta = continued_head(init, target)
+        if cfg.num_kept_tokens > len(head.token_ids):  # widen: the most useful tokens it lacks
+            ranked = ranked_tokens(train, target.config.vocab_size, list(always_keep))
+            ranked = ranked[~torch.isin(ranked, head.token_ids.cpu())]
+            head = widened(head, target, ranked[:cfg.num_kept_tokens - len(head.token_ids)])
         token_ids = head.token_ids
     head.train()
     full_to_kept = kept_index(head)

@@ -92,11 +92,10 @@ def split_records(records: list[dict], val_fraction: float, seed: int) -> tuple[
     return train, val
 
 
-def kept_tokens(records: list[dict], vocab_size: int, k: int, always: list[int]) -> torch.Tensor:
-    """The ``k`` ids the head keeps [k]: most frequent greedy tokens, then soft-label tokens.
-
-    ``always`` (e.g. EOS) are kept whatever their count. Sorted ascending.
-    """
+def ranked_tokens(records: list[dict], vocab_size: int, always: list[int]) -> torch.Tensor:
+    """Every id [V], most useful first: ``always`` (e.g. EOS), then by how often the target's
+    greedy token is that id, then by soft-label count, then by id (a BPE vocabulary's low ids are
+    its most frequent merges)."""
     greedy = torch.zeros(vocab_size, dtype=torch.float64)
     soft = torch.zeros(vocab_size, dtype=torch.float64)
     for r in records:
@@ -105,9 +104,12 @@ def kept_tokens(records: list[dict], vocab_size: int, k: int, always: list[int])
         soft += torch.bincount(ids.flatten(), minlength=vocab_size).double()
     score = greedy * 1e6 + soft  # greedy counts first, soft counts break ties
     score[torch.tensor(always, dtype=torch.long)] = float("inf")
-    k = min(k, vocab_size)
-    order = torch.sort(score, descending=True, stable=True).indices
-    return order[:k].sort().values
+    return torch.sort(score, descending=True, stable=True).indices
+
+
+def kept_tokens(records: list[dict], vocab_size: int, k: int, always: list[int]) -> torch.Tensor:
+    """The ``k`` ids the head keeps [k], sorted ascending: the first ``k`` of :func:`ranked_tokens`."""
+    return ranked_tokens(records, vocab_size, always)[:min(k, vocab_size)].sort().values
 
 
 def make_batch(records: list[dict], max_len: int, pad_id: int) -> Batch:
