@@ -78,6 +78,12 @@ def test_answer_positions_are_found_and_scored():
     batch = make_batch(pieces)
     assert batch.answer.tolist() == [[False] * 4, [False, False, True, True], [True, True, False, False]]
     assert (batch.answer <= batch.valid).all()
+    # answers only: cut from the end (0-1, 2-5, 6-9); the pieces without answer positions dropped
+    tail = chunks([record], max_len=4, marker=marker, answers_only=True)
+    assert [p["input_ids"].tolist() for p in tail] == [[8, 20, 21, 22]]
+    assert [p["answer_from"] for p in tail] == [0]
+    tail = chunks([record], max_len=5, marker=[8, 20], answers_only=True)  # answer from 8: 0-4, 5-9
+    assert [(p["input_ids"].tolist(), p["answer_from"]) for p in tail] == [([7, 8, 20, 21, 22], 2)]
 
 
 def test_answers_only_scores_exactly_the_answer_positions():

@@ -94,14 +94,26 @@ def answer_start(ids: torch.Tensor, marker: list[int]) -> int:
     return int(hits[-1]) + m if len(hits) else 0
 
 
-def chunks(records: list[dict], max_len: int, marker: list[int] = ()) -> list[dict]:
+def pieces(length: int, max_len: int, from_end: bool) -> list[tuple[int, int]]:
+    """``(start, end)`` of consecutive pieces of at most ``max_len`` covering ``range(length)``;
+    ``from_end``: the last piece is a full one (the first may be short)."""
+    if not from_end:
+        return [(s, min(s + max_len, length)) for s in range(0, length, max_len)]
+    return [(max(e - max_len, 0), e) for e in range(length, 0, -max_len)][::-1]
+
+
+def chunks(records: list[dict], max_len: int, marker: list[int] = (), answers_only: bool = False) -> list[dict]:
     """Texts cut into pieces of at most ``max_len`` positions; each piece's ``answer_from`` is
-    the first position whose label (the next token) is an answer token."""
+    the first position whose label (the next token) is an answer token. ``answers_only``: cut
+    from the end (so an answer keeps as much of its prompt as fits) and drop the pieces with no
+    answer position, which would cost compute and teach nothing."""
     out = []
     for r in records:
         first = max(answer_start(r["input_ids"], list(marker)) - 1, 0)
-        for s in range(0, len(r["input_ids"]), max_len):
-            piece = {k: r[k][s:s + max_len] for k in ("input_ids", "hidden", "topk_ids", "topk_logits")}
+        for s, e in pieces(len(r["input_ids"]), max_len, from_end=answers_only):
+            if answers_only and e <= first:
+                continue
+            piece = {k: r[k][s:e] for k in ("input_ids", "hidden", "topk_ids", "topk_logits")}
             out.append(dict(piece, answer_from=max(first - s, 0)))
     return out
 
@@ -244,7 +256,8 @@ def train_head(target, records: list[dict], out_dir: str | Path, cfg: HeadTrainC
         train, val = split_records(records, cfg.val_fraction, cfg.seed)
     else:
         train, val = records, val_records
-    train, val = chunks(train, cfg.max_len, answer_marker), chunks(val, cfg.max_len, answer_marker)
+    train = chunks(train, cfg.max_len, answer_marker, cfg.answers_only)
+    val = chunks(val, cfg.max_len, answer_marker)
     if init is None:
         token_ids = kept_tokens(train, target.config.vocab_size, cfg.num_kept_tokens, list(always_keep))
         layers = len(target.get_decoder().layers)
