@@ -182,6 +182,9 @@ def test_saved_head_loads_through_load_draft(tmp_path):
     assert torch.equal(a.sequences, b.sequences)
     assert a.stats.accept_lengths == b.stats.accept_lengths
     assert isinstance(loaded.for_target(target), FeatureHeadDrafter)
+    half = load_draft(tmp_path / "head", target, dtype=torch.bfloat16)  # a faster draft, same output
+    assert half.fc.weight.dtype == half.out_weight.dtype == torch.bfloat16
+    assert torch.equal(spec(target, half, ids, max_new_tokens=12, nodes=5).sequences, a.sequences)
 
 
 def test_head_for_another_target_is_refused_with_the_fix(tmp_path):

@@ -73,6 +73,8 @@ def parser() -> argparse.ArgumentParser:
                     help="num_assistant_tokens_schedule (HF default heuristic)")
     run = p.add_argument_group("run")
     run.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
+    run.add_argument("--draft-dtype", default=None, choices=sorted(DTYPES),
+                     help="dtype of --draft (default: --dtype); e.g. bfloat16 for a feature head")
     run.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (auto: cuda if present)")
     run.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     run.add_argument("--seed", type=int, default=0)
@@ -123,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
 
     t0 = time.perf_counter()
     target, tokenizer = load_target(args.target, dtype, device)
-    draft = load_draft_model(args.draft, target, dtype, device)
+    draft = load_draft_model(args.draft, target, DTYPES[args.draft_dtype] if args.draft_dtype else dtype, device)
     assistant = load_draft_model(args.assistant, target, dtype, device) if args.assistant else None
     if args.mix_lookup is not None and draft is not None:
         from ..drafters import MixedDrafter
