@@ -245,10 +245,11 @@ def train_head(target, records: list[dict], out_dir: str | Path, cfg: HeadTrainC
     """Train a head for ``target`` on feature ``records``; the best (by mean validation agreement
     over depths) is saved to ``out_dir`` with ``training.json``.
 
-    ``answer_marker``: see the module doc. ``init``: a saved head to go on training (its kept tokens
-    grow to ``num_kept_tokens`` if that is larger; ``init_layer`` is then unused). ``val_records``: the validation
-    texts (then every record trains; default: ``val_fraction`` of ``records``), e.g. to keep the
-    validation set of the run ``init`` came from."""
+    - ``answer_marker``: see the module doc.
+    - ``init``: a saved head to go on training. Its kept tokens grow to ``num_kept_tokens`` if that
+      is larger; ``init_layer`` is then unused.
+    - ``val_records``: the validation texts; every record then trains. Default: ``val_fraction``
+      of ``records``. Use it to keep the validation set of the run ``init`` came from."""
     out_dir = Path(out_dir)
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
