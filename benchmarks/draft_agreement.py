@@ -158,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--query-tokens", type=int, nargs="+", default=[1, 8])
     p.add_argument("--reps", type=int, default=20)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--draft-dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                   help="dtype of the draft (default: a feature head in float32, a model in the target's)")
     p.add_argument("--json-out", type=Path, default=None)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
@@ -167,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     from opttree.smollm2 import load_smollm2
 
     target, tokenizer = load_smollm2(args.target)
-    draft = load_draft(args.draft, target)
+    draft = load_draft(args.draft, target, dtype=getattr(torch, args.draft_dtype) if args.draft_dtype else None)
     questions = select_questions(args.questions, args.per_category)
     cache_ok = args.answers_cache and args.answers_cache.exists()
     if cache_ok:
