@@ -214,3 +214,14 @@ def test_truncated_draft_is_a_copy_of_the_first_layers(pair):
     assert draft.config.num_hidden_layers == 1 and target.config.num_hidden_layers == 2
     assert torch.equal(draft.model.layers[0].self_attn.q_proj.weight, target.model.layers[0].self_attn.q_proj.weight)
     assert draft.model.layers[0].self_attn.q_proj.weight.data_ptr() != target.model.layers[0].self_attn.q_proj.weight.data_ptr()
+
+
+def test_report_describes_a_mixed_feature_head_draft():
+    from opttree.bench.report import _model_info
+    from opttree.distill.head import new_head
+    from opttree.drafters import MixedDrafter
+
+    head, _ = new_head(tiny_model("llama", seed=0))
+    info = _model_info(MixedDrafter(head.to(torch.bfloat16)))
+    assert info["class"] == "MixedDrafter(FeatureHead)"
+    assert info["dtype"] == "torch.bfloat16" and info["parameters"] > 0

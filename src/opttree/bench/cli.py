@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     tree = {"nodes": args.nodes, "threshold": args.threshold, "max_depth": args.max_depth,
             "strategy": args.strategy, "verifier": args.verifier}
     header = {"command": "python -m opttree.bench " + " ".join(argv), "target_spec": args.target,
-              "draft_spec": args.draft, "assistant_spec": args.assistant or args.draft, "questions_file": str(args.questions),
+              "draft_spec": args.draft, "assistant_spec": args.assistant or (args.draft if "assisted" in methods else None), "questions_file": str(args.questions),
               "categories": ",".join(dict.fromkeys(q.group for q in questions)), "quick": args.quick}
     result = run_bench(
         target, draft, tokenizer, questions, methods=methods, max_new_tokens=args.max_new_tokens,

@@ -103,13 +103,19 @@ def _cpu_name() -> str:
 def _model_info(model) -> dict | None:
     if model is None:
         return None
+    inner = getattr(model, "model_drafter", None)  # a MixedDrafter: describe the model it mixes in
+    if inner is not None and not isinstance(inner, str):
+        return dict(_model_info(inner), **{"class": f"{type(model).__name__}({type(inner).__name__})"})
     config = getattr(model, "config", None)
+    dtype = getattr(model, "dtype", None)
+    if dtype is None and hasattr(model, "parameters"):
+        dtype = next((p.dtype for p in model.parameters()), None)
     return {
         "class": type(model).__name__,
         "name_or_path": getattr(config, "_name_or_path", "") if config is not None else "",
         "parameters": sum(p.numel() for p in model.parameters()) if hasattr(model, "parameters") else None,
         "layers": getattr(config, "num_hidden_layers", None) if config is not None else None,
-        "dtype": str(getattr(model, "dtype", "")),
+        "dtype": str(dtype or ""),
         "device": str(getattr(model, "device", "")),
         "attn_implementation": getattr(config, "_attn_implementation", None) if config is not None else None,
     }
@@ -218,9 +224,11 @@ class BenchResult:
         for role in ("target", "draft"):
             info = env.get(role)
             if info:
+                facts = [f"{_count(info['parameters'])} parameters" if info["parameters"] else "",
+                         f"{info['layers']} layers" if info["layers"] else "",
+                         info["dtype"], info["device"], info["attn_implementation"] or ""]
                 out.append(f"- {role}: {info['class']} {info['name_or_path'] or ''} "
-                           f"({_count(info['parameters'])} parameters, "
-                           f"{info['layers']} layers, {info['dtype']}, {info['device']}, {info['attn_implementation']})")
+                           f"({', '.join(f for f in facts if f)})")
         for key, value in self.header.items():
             if key not in ("environment", "settings", "methods"):
                 out.append(f"- {key}: {value}")
