@@ -3,14 +3,14 @@
 (2) "Translate German to English:" over real German UI strings (gettext catalogues on this machine),
 (3) summarise / answer / extract over long local English documents (/usr/share/doc, pydoc topics),
 then (4) tasks over its own answers."""
-import glob, gettext, gzip, logging, random, sys, torch
+import logging, random, sys, torch
 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
 torch.set_num_threads(2)
 from pathlib import Path
-import pydoc_data.topics as T
 from opttree.distill import prompts as P
 from opttree.distill.data import DataConfig, generate_round, load_round
 from opttree.smollm2 import load_smollm2
+from local_texts import english_documents, german_strings
 seed, n = int(sys.argv[2]), int(sys.argv[3])
 rng = random.Random(seed)
 t, tok = load_smollm2(dtype=torch.bfloat16)
@@ -19,30 +19,13 @@ rng.shuffle(words)
 P.TOPICS = P.TOPICS + words[:3000]
 first = P.seed_prompts(n, seed)
 # German
-german = []
-for f in sorted(glob.glob("/usr/share/locale/de/LC_MESSAGES/*.mo")):
-    try:
-        cat = gettext.GNUTranslations(open(f, "rb"))._catalog
-    except Exception:
-        continue
-    german += [v for k, v in cat.items() if isinstance(v, str) and len(v.split()) >= 6 and "%" not in v and "\n" not in v.strip()]
+german = german_strings()
 rng.shuffle(german)
 for i in range(n // 4):
     passage = " ".join(german[3 * i: 3 * i + rng.randint(1, 3)])
     first.append(P.Prompt(f"Translate German to English: {passage}", "de-en"))
 # long English documents
-docs = []
-for f in sorted(glob.glob("/usr/share/doc/**/*", recursive=True)):
-    p = Path(f)
-    if not p.is_file() or p.stat().st_size < 3000 or "copyright" in p.name or "changelog" in p.name.lower():
-        continue
-    try:
-        text = (gzip.open(p, "rt", errors="ignore") if p.suffix == ".gz" else open(p, errors="ignore")).read()
-    except Exception:
-        continue
-    if sum(c.isalpha() or c.isspace() for c in text[:3000]) > 0.85 * 3000:
-        docs.append(text)
-docs += list(T.topics.values())
+docs = english_documents()
 rng.shuffle(docs)
 for i in range(n // 3):
     d = docs[i % len(docs)]

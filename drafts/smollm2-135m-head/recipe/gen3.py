@@ -10,14 +10,14 @@ A bf16 target answers, greedily, prompts built on this machine:
 Prompts are answered in parts of 512 (part_00, part_01, ...) so that a run stopped early still
 holds a mix of every kind. Usage: gen3.py OUT_DIR SEED N_PARTS
 """
-import ast, glob, gettext, gzip, logging, random, sys, torch
+import ast, glob, logging, random, sys, torch
 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
 torch.set_num_threads(2)
 from pathlib import Path
-import pydoc_data.topics as T
 from opttree.distill import prompts as P
 from opttree.distill.data import DataConfig, generate_round
 from opttree.smollm2 import load_smollm2
+from local_texts import english_documents, german_strings
 
 out, seed, parts = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 rng = random.Random(seed)
@@ -91,27 +91,10 @@ CODE = ["Explain what this Python function does:\n\n{code}", "Write unit tests f
         "Can you simplify this code?\n\n{code}", "Add comments and a docstring to this function:\n\n{code}",
         "Is there a bug in this code? Explain.\n\n{code}", "Rewrite this function in JavaScript:\n\n{code}"]
 
-german = []
-for f in sorted(glob.glob("/usr/share/locale/de/LC_MESSAGES/*.mo")):
-    try:
-        cat = gettext.GNUTranslations(open(f, "rb"))._catalog
-    except Exception:
-        continue
-    german += [v for k, v in cat.items() if isinstance(v, str) and len(v.split()) >= 6 and "%" not in v and "\n" not in v.strip()]
+german = german_strings()
 rng.shuffle(german)
 
-docs = []
-for f in sorted(glob.glob("/usr/share/doc/**/*", recursive=True)):
-    p = Path(f)
-    if not p.is_file() or p.stat().st_size < 3000 or "copyright" in p.name or "changelog" in p.name.lower():
-        continue
-    try:
-        text = (gzip.open(p, "rt", errors="ignore") if p.suffix == ".gz" else open(p, errors="ignore")).read()
-    except Exception:
-        continue
-    if sum(c.isalpha() or c.isspace() for c in text[:3000]) > 0.85 * 3000:
-        docs.append(text)
-docs += list(T.topics.values())
+docs = english_documents()
 rng.shuffle(docs)
 DOC = P.CONTEXT_TEMPLATES + [
     "Extract the key terms from this text and return them as a JSON list:\n{text}",

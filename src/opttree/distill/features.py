@@ -28,9 +28,8 @@ def answer_marker(tokenizer) -> list[int]:
     if not getattr(tokenizer, "chat_template", None):
         return []
     turn = [{"role": "user", "content": "Hi"}]
-    kwargs = dict(tokenize=False)
-    with_answer = tokenizer.apply_chat_template(turn, add_generation_prompt=True, **kwargs)
-    without = tokenizer.apply_chat_template(turn, add_generation_prompt=False, **kwargs)
+    with_answer = tokenizer.apply_chat_template(turn, add_generation_prompt=True, tokenize=False)
+    without = tokenizer.apply_chat_template(turn, add_generation_prompt=False, tokenize=False)
     if not with_answer.startswith(without) or with_answer == without:
         return []
     return tokenizer(with_answer[len(without):], add_special_tokens=False)["input_ids"]
