@@ -170,7 +170,7 @@ def test_cli_end_to_end(tmp_path, target_and_tokenizer, kind):
                "--cache", str(tmp_path / "cache"), "--prompts", str(prompts),
                "--max-new-tokens", "8", "--gen-batch-size", "6", "--init-layers", "0,1",
                "--kept-tokens", "32", "--epochs", "2", "--batch-size", "4", "--eval-every", "5",
-               "--kind", kind, "--batch-tokens", "64", "--max-len", "32"])
+               "--kind", kind, "--batch-tokens", "64", "--max-len", "32", "--device", "cpu"])
     assert rc == 0
     draft = load_draft(tmp_path / "draft", target)
     if kind == "layers":

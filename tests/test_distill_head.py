@@ -9,7 +9,7 @@ from opttree import speculative_generate
 from opttree.distill import load_draft
 from opttree.distill.features import extract_features, features_of, load_features, unique_sequences
 from opttree.distill.head import new_head
-from opttree.distill.head_train import HeadTrainConfig, make_batch, train_head, unrolled
+from opttree.distill.head_train import HeadTrainConfig, fitted_steps, make_batch, train_head, unrolled
 from opttree.tree import DraftTree
 
 
@@ -118,3 +118,39 @@ def test_widened_head_keeps_its_predictions_for_the_old_tokens():
     assert (new[:, [5, 70, 90]] > torch.finfo(torch.float32).min).all()  # now reachable
     low = torch.quantile(head.out_bias.detach(), 0.05)
     torch.testing.assert_close(wide.out_bias[wide.token_ids == 70], low[None])
+
+
+def test_fitted_steps_shortens_the_schedule_only_when_it_would_overrun():
+    # 100 steps took 60 s: 10 minutes hold 1,000 steps
+    assert fitted_steps(100, 60.0, planned=800, max_minutes=10) == 800
+    assert fitted_steps(100, 60.0, planned=5000, max_minutes=10) == 1000
+    assert fitted_steps(200, 60.0, planned=5000, max_minutes=10, current=1000) == 2000  # faster now: longer
+    assert fitted_steps(100, 600.0, planned=5000, max_minutes=1) == 101  # already over: end right away
+
+
+def test_a_time_limit_ends_the_schedule_not_just_the_loop(tmp_path, caplog):
+    target = peaked(tiny_model("llama", seed=0), scale=30.0)
+    data = [features_of(target, t, topk=4) for t in texts(8, 24)]
+    cfg = HeadTrainConfig(num_kept_tokens=64, unroll=1, epochs=400, batch_tokens=48, max_len=24,
+                          warmup_steps=2, eval_every=3, val_fraction=0.25, max_minutes=0.05)
+    with caplog.at_level("INFO", logger="opttree.distill.head_train"):
+        result = train_head(target, data, tmp_path / "head", cfg)
+    assert "the schedule now ends at step" in caplog.text
+    assert 5 <= result.steps < 400 * 3
+
+
+@pytest.mark.gpu
+def test_head_trains_on_cuda_and_loads_on_cpu(tmp_path):
+    target = peaked(tiny_model("llama", seed=0), scale=30.0).to("cuda:0")
+    data = [features_of(target, t, topk=8) for t in texts(12, 32)]
+    cfg = HeadTrainConfig(num_kept_tokens=64, unroll=2, epochs=4, batch_tokens=128, max_len=32, lr=3e-3,
+                          warmup_steps=2, eval_every=10, val_fraction=0.25)
+    result = train_head(target, data, tmp_path / "head", cfg)
+    assert result.val_agreement[0] > result.initial_agreement[0]
+    cpu_target = target.to("cpu")
+    head = load_draft(tmp_path / "head", cpu_target)
+    ids = texts(1, 8, seed=5)[0][None]
+    ref = cpu_target.generate(ids, max_new_tokens=16, do_sample=False)
+    out = cpu_target.generate(ids, max_new_tokens=16, do_sample=False, custom_generate=speculative_generate,
+                              draft_model=head, nodes=6)
+    assert torch.equal(out, ref)

@@ -68,6 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="train on answer positions only (the prompt stays as context)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--device", default=None,
+                   help="where the target answers prompts, gives features and a head trains "
+                        "(default: cuda when present, else cpu); an independent draft trains on the CPU")
     return p
 
 
@@ -99,7 +102,9 @@ def main(argv: list[str] | None = None) -> int:
     from .prompts import read_jsonl_prompts
     from .train import TrainConfig, train_draft
 
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     target, tokenizer = load_target(args.target)
+    target = target.to(device)
     cache = Path(args.cache) if args.cache else cache_dir() / "distill" / Path(args.target).name
     data_cfg = DataConfig(max_new_tokens=args.max_new_tokens, batch_size=args.gen_batch_size,
                           topk=args.topk)
@@ -127,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.kind == "head":
         return _train_head(target, tokenizer, records, cache, args, sorted(stop))
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(stop)
+    target = target.cpu()
     result = train_draft(target, records, args.out, train_cfg, pad_id, sorted(stop))
     logger.info("draft saved to %s: val agreement %.3f after %d steps (%.1f min, %d answer tokens)",
                 result.path, result.val_agreement, result.steps, result.seconds / 60,

@@ -88,7 +88,7 @@ def answer_batch(model, tokenizer, prompt_ids: list[list[int]], cfg: DataConfig)
     """Greedy answers for one batch of tokenised prompts, with the target's top-k logits."""
     stop = eos_ids(model, tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(stop)
-    ids, mask = _left_pad(prompt_ids, pad_id)  # [B, T]
+    ids, mask = (t.to(model.device) for t in _left_pad(prompt_ids, pad_id))  # [B, T]
     out = model.generate(
         input_ids=ids, attention_mask=mask, max_new_tokens=cfg.max_new_tokens, do_sample=False,
         output_logits=True, return_dict_in_generate=True, pad_token_id=pad_id,
@@ -104,8 +104,8 @@ def answer_batch(model, tokenizer, prompt_ids: list[list[int]], cfg: DataConfig)
         samples.append(Sample(
             input_ids=torch.tensor(prompt + answer[:end], dtype=torch.long),
             prompt_len=len(prompt),
-            topk_ids=top_ids[i, :end].to(torch.int32),
-            topk_logits=top_logits[i, :end].to(torch.float16),
+            topk_ids=top_ids[i, :end].to(torch.int32).cpu(),
+            topk_logits=top_logits[i, :end].to(torch.float16).cpu(),
             text=tokenizer.decode(answer[:end], skip_special_tokens=True),
         ))
     return samples

@@ -61,7 +61,7 @@ class HeadTrainConfig:
     max_len: int = 512
     lr: float = 1e-3
     warmup_steps: int = 20
-    max_minutes: float | None = None
+    max_minutes: float | None = None  # the cosine schedule is shortened to end within this time
     eval_every: int = 25
     val_fraction: float = 0.05
     seed: int = 0
@@ -82,6 +82,9 @@ class FeatureBatch:
     topk_ids: torch.Tensor
     topk_logits: torch.Tensor
     answer: torch.Tensor
+
+    def to(self, device: torch.device | str) -> "FeatureBatch":
+        return FeatureBatch(**{k: v.to(device, non_blocking=True) for k, v in vars(self).items()})
 
 
 def answer_start(ids: torch.Tensor, marker: list[int]) -> int:
@@ -118,7 +121,7 @@ def chunks(records: list[dict], max_len: int, marker: list[int] = (), answers_on
     return out
 
 
-def make_batch(records: list[dict]) -> FeatureBatch:
+def make_batch(records: list[dict], device: torch.device | str = "cpu") -> FeatureBatch:
     b, width = len(records), max(len(r["input_ids"]) for r in records)
     h, k = records[0]["hidden"].shape[1], records[0]["topk_ids"].shape[1]
     batch = FeatureBatch(
@@ -137,19 +140,19 @@ def make_batch(records: list[dict]) -> FeatureBatch:
         batch.answer[i, r.get("answer_from", 0):n] = True
         batch.topk_ids[i, :n] = r["topk_ids"].long()
         batch.topk_logits[i, :n] = r["topk_logits"].float()
-    return batch
+    return batch.to(device)
 
 
 def unroll_mask(length: int, depth: int, valid: torch.Tensor) -> torch.Tensor:
     """Additive mask [B, 1, L, (depth + 1) L] of pass ``depth`` over passes 0..depth (see the
     module docstring); ``valid`` [B, L] hides padding keys of pass 0."""
-    j = torch.arange(length)[:, None]
-    i = torch.arange(length)[None, :]
+    j = torch.arange(length, device=valid.device)[:, None]
+    i = torch.arange(length, device=valid.device)[None, :]
     blocks = [(i <= j - depth)[None] & valid[:, None, :]]  # pass 0: up to the root
     blocks += [(i == j - depth + e)[None].expand(valid.shape[0], -1, -1) for e in range(1, depth + 1)]
     visible = torch.cat(blocks, dim=-1)  # [B, L, (depth + 1) L]
-    visible[..., length * depth:] |= torch.eye(length, dtype=torch.bool)  # itself (rows j < depth)
-    return torch.zeros(visible.shape).masked_fill_(~visible, float("-inf"))[:, None]
+    visible[..., length * depth:] |= torch.eye(length, dtype=torch.bool, device=valid.device)  # itself (rows j < depth)
+    return torch.zeros(visible.shape, device=valid.device).masked_fill_(~visible, float("-inf"))[:, None]
 
 
 def shifted(features: torch.Tensor) -> torch.Tensor:
@@ -160,7 +163,7 @@ def shifted(features: torch.Tensor) -> torch.Tensor:
 def unrolled(head: FeatureHead, batch: FeatureBatch, unroll: int, noise: float) -> list[torch.Tensor]:
     """The head's predicted features of each pass: ``unroll`` tensors [B, L, H]."""
     b, length = batch.tokens.shape
-    positions = torch.arange(length).expand(b, -1)
+    positions = torch.arange(length, device=batch.tokens.device).expand(b, -1)
     features = batch.features
     if noise > 0:
         scale = features.pow(2).mean().sqrt() * noise
@@ -197,7 +200,7 @@ def agreement(head: FeatureHead, records: list[dict], unroll: int, batch_size: i
     full_to_kept = kept_index(head)
     hits, total = [0] * unroll, [0] * unroll
     for s in range(0, len(records), batch_size):
-        batch = make_batch(records[s:s + batch_size])
+        batch = make_batch(records[s:s + batch_size], head.device)
         for depth, g in enumerate(unrolled(head, batch, unroll, 0.0)):
             _, h = pass_loss(head, g, batch, depth, full_to_kept, 0.0, answers_only=True)
             hits[depth] += int(h.sum())
@@ -208,8 +211,8 @@ def agreement(head: FeatureHead, records: list[dict], unroll: int, batch_size: i
 
 def kept_index(head: FeatureHead) -> torch.Tensor:
     """[V] long: the kept index of each vocabulary id, or -1."""
-    full_to_kept = torch.full((head.c.vocab_size,), -1, dtype=torch.long)
-    full_to_kept[head.token_ids] = torch.arange(len(head.token_ids))
+    full_to_kept = torch.full((head.c.vocab_size,), -1, dtype=torch.long, device=head.device)
+    full_to_kept[head.token_ids] = torch.arange(len(head.token_ids), device=head.device)
     return full_to_kept
 
 
@@ -271,12 +274,12 @@ def train_head(target, records: list[dict], out_dir: str | Path, cfg: HeadTrainC
             ranked = ranked[~torch.isin(ranked, head.token_ids.cpu())]
             head = widened(head, target, ranked[:cfg.num_kept_tokens - len(head.token_ids)])
         token_ids = head.token_ids
-    head.train()
+    head = head.to(target.get_input_embeddings().weight.device).train()  # where the target runs
     full_to_kept = kept_index(head)
     params = [p for p in head.parameters() if p.requires_grad]
     optim = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
     per_epoch = len(token_batches(train, cfg.batch_tokens, random.Random(0)))
-    total = max(1, math.ceil(cfg.epochs * per_epoch))
+    total = planned = max(1, math.ceil(cfg.epochs * per_epoch))
     train_tokens = sum(len(r["input_ids"]) for r in train)
     logger.info("head: %d train pieces (%d tokens), %d val pieces, %d kept tokens, %d steps, %.1fM params",
                 len(train), train_tokens, len(val), len(token_ids), total, sum(p.numel() for p in params) / 1e6)
@@ -303,7 +306,7 @@ def train_head(target, records: list[dict], out_dir: str | Path, cfg: HeadTrainC
             if step >= total or (cfg.max_minutes and time.time() - start > 60 * cfg.max_minutes):
                 total = step
                 break
-            batch = make_batch([train[i] for i in ids])
+            batch = make_batch([train[i] for i in ids], head.device)
             for group in optim.param_groups:
                 group["lr"] = lr_at(step, total, cfg)
             with torch.autocast(device_type=head.device.type, dtype=torch.bfloat16, enabled=cfg.bf16):
@@ -318,9 +321,22 @@ def train_head(target, records: list[dict], out_dir: str | Path, cfg: HeadTrainC
             running = loss.item() if step == 1 else 0.9 * running + 0.1 * loss.item()
             if step % cfg.eval_every == 0:
                 evaluate()
+                if cfg.max_minutes and step > cfg.warmup_steps:  # re-fit as start-up costs amortise
+                    total = fitted_steps(step, time.time() - start, planned, cfg.max_minutes, total)
     if step % cfg.eval_every != 0 or best < 0:
         evaluate()
     return HeadTrainResult(out_dir, best_agree, initial, step, time.time() - start, train_tokens)
+
+
+def fitted_steps(step: int, seconds: float, planned: int, max_minutes: float, current: int | None = None) -> int:
+    """The ``planned`` steps, or fewer if at the pace so far (``step`` steps in ``seconds``,
+    evaluations included) they would not fit in ``max_minutes``: the learning-rate schedule then
+    ends in time instead of being cut off at a high rate. Logged when it moves ``current`` by 5 %."""
+    fitted = min(planned, max(int(max_minutes * 60 * step / max(seconds, 1e-9)), step + 1))
+    if fitted < planned and abs(fitted - (current or planned)) > 0.05 * (current or planned):
+        logger.info("%d steps do not fit in %.1f min at %.2f s/step: the schedule now ends at step %d",
+                    planned, max_minutes, seconds / step, fitted)
+    return fitted
 
 
 def _fmt(values: list[float]) -> str:
