@@ -55,6 +55,7 @@ from typing import Callable, Protocol
 
 import torch
 
+from . import fast_linear
 from .config import TreeConfig
 from .masks import verification_inputs
 from .tree import DraftTree
@@ -67,7 +68,7 @@ DRAFT_WIDTHS = (1, 2, 4, 8, 16, 32)  # layer widths timed at calibration
 CALIBRATION_PREFIX = 256  # committed tokens under the timed forwards (a chat prompt and some answer)
 MIN_CALIBRATION_PREFIX = 16  # a shorter context cannot be calibrated: "auto" is refused
 REPEATS = 5  # timed rounds per size (after one warm-up round); sizes interleaved within a round
-CALIBRATION_VERSION = 2  # bump when what is measured changes: old files are then ignored
+CALIBRATION_VERSION = 3  # bump when what is measured changes: old files are then ignored
 REFRESH = 0.1  # weight of each new step in the online latency averages
 SIZE_REFRESH = 0.25  # weight of each step's verified size in the running mean tree size
 WIDTH_PER_NODE = 2.0  # layer width cap = this × the running mean tree size
@@ -412,6 +413,7 @@ def calibration_key(target, drafter, prefix: int = CALIBRATION_PREFIX) -> dict:
         "drafter": drafter_fingerprint(drafter),
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
+        "weight_major": fast_linear.enabled(),  # the verify's linear kernel (fast_linear)
         "verify_sizes": list(VERIFY_SIZES),
         "draft_widths": list(DRAFT_WIDTHS),
         "prefix": prefix,
@@ -505,7 +507,8 @@ def measure_verify(target, sizes=VERIFY_SIZES, prefix: int = CALIBRATION_PREFIX,
         for round_ in range(repeats + 1):
             for n in sizes:
                 start = time.perf_counter()
-                target(**inputs[n], past_key_values=cache, use_cache=True, logits_to_keep=0)
+                with fast_linear.weight_major():  # as generation.target_forward
+                    target(**inputs[n], past_key_values=cache, use_cache=True, logits_to_keep=0)
                 _sync(device)
                 if round_ > 0:
                     times[n].append(time.perf_counter() - start)

@@ -1,6 +1,8 @@
 """The decoding methods a benchmark compares, all through HF ``generate()``, greedy, batch 1.
 
 * ``plain``: ``generate()`` itself, the reference every other method must reproduce exactly;
+* ``plain-wm``: ``generate()`` inside :func:`opttree.fast_linear.weight_major`, the few-row linear
+  kernel opttree's verify uses: it shows how much of opttree's speed-up that kernel alone gives;
 * ``assisted``: HF assisted generation with the same draft (``assistant_model=``), a chain draft;
 * ``lookup``: HF prompt lookup decoding (``prompt_lookup_num_tokens=``), no draft model;
 * ``opttree``: OPT-Tree draft trees (arXiv 2406.17276) via ``custom_generate=speculative_generate``.
@@ -19,10 +21,11 @@ from typing import Callable
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
+from ..fast_linear import weight_major
 from ..integration import TREE_ARGS, speculative_generate, tree_config
 from ..stats import GenerationStats
 
-METHODS = ("plain", "assisted", "lookup", "opttree")
+METHODS = ("plain", "plain-wm", "assisted", "lookup", "opttree")
 
 
 @dataclass
@@ -73,11 +76,13 @@ def greedy_kwargs(model, input_ids: torch.Tensor, max_new_tokens: int) -> dict:
     return kwargs
 
 
-def _hf_method(name: str, target, settings: dict, uses_draft: bool = False, **extra) -> Method:
+def _hf_method(name: str, target, settings: dict, uses_draft: bool = False, fast_linear: bool = False,
+               **extra) -> Method:
     def generate(input_ids, max_new_tokens):
         recorder = StepRecorder()
-        out = target.generate(input_ids, stopping_criteria=StoppingCriteriaList([recorder]),
-                              **greedy_kwargs(target, input_ids, max_new_tokens), **extra)
+        with weight_major(fast_linear):
+            out = target.generate(input_ids, stopping_criteria=StoppingCriteriaList([recorder]),
+                                  **greedy_kwargs(target, input_ids, max_new_tokens), **extra)
         return Generated(out, recorder.accept_lengths(input_ids.shape[1]))
 
     return Method(name, generate, settings, uses_draft)
@@ -85,6 +90,11 @@ def _hf_method(name: str, target, settings: dict, uses_draft: bool = False, **ex
 
 def plain_method(target) -> Method:
     return _hf_method("plain", target, {"generate": "greedy"})
+
+
+def plain_wm_method(target) -> Method:
+    return _hf_method("plain-wm", target, {"generate": "greedy", "linear": "opttree.fast_linear"},
+                      fast_linear=True)
 
 
 def assisted_method(target, draft, num_assistant_tokens: int | None = None, schedule: str | None = None) -> Method:
@@ -150,7 +160,7 @@ def parse_tree_spec(spec: str) -> dict:
 def make_methods(names, target, draft, *, tree: dict | None = None, extra_trees: list[dict] | None = None,
                  prompt_lookup_num_tokens: int = 10, num_assistant_tokens: int | None = None,
                  assistant_schedule: str | None = None, assistant=None) -> list[Method]:
-    """Methods by name (``plain``, ``assisted``, ``lookup``, ``opttree``, ``opttree-lookup``);
+    """Methods by name (``plain``, ``plain-wm``, ``assisted``, ``lookup``, ``opttree``, ``opttree-lookup``);
     ``Method`` objects pass through. Each dict of ``extra_trees`` adds one more opttree method.
     ``assistant``: the HF model for ``assisted`` (default: ``draft``, when it is an HF model; an
     EAGLE-style feature head is not one)."""
@@ -163,6 +173,8 @@ def make_methods(names, target, draft, *, tree: dict | None = None, extra_trees:
             methods.append(name)
         elif name == "plain":
             methods.append(plain_method(target))
+        elif name == "plain-wm":
+            methods.append(plain_wm_method(target))
         elif name == "assisted":
             if assistant is None:
                 raise ValueError("method 'assisted' needs an HF draft model: --assistant PATH when --draft is a "

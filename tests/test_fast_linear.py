@@ -1,0 +1,80 @@
+"""The weight-major few-row linear gives F.linear's results, takes its path only where it is meant
+to, and its patch is undone when the last open block closes (nested, failing or concurrent)."""
+
+import threading
+
+import pytest
+import torch
+
+from opttree.fast_linear import MAX_ROWS, weight_major, weight_major_linear
+
+ORIGINAL = torch.nn.functional.linear
+
+
+@pytest.mark.parametrize("shape", [(1, 16), (1, 1, 16), (2, 16), (1, 3, 16), (5, 16), (2, 4, 16), (9, 16)])
+@pytest.mark.parametrize("out_features", [24, 9000])
+@pytest.mark.parametrize("bias", [True, False])
+def test_weight_major_linear_equals_f_linear(shape, out_features, bias):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(*shape, generator=g)
+    w = torch.randn(out_features, 16, generator=g)
+    b = torch.randn(out_features, generator=g) if bias else None
+    out = weight_major_linear(x, w, b)
+    assert out.shape == (*shape[:-1], out_features) and out.is_contiguous()
+    torch.testing.assert_close(out, ORIGINAL(x, w, b), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("x, w", [
+    (torch.randn(MAX_ROWS + 1, 8), torch.randn(4, 8)),  # too many rows
+    (torch.randn(3, 8, dtype=torch.float64), torch.randn(4, 8, dtype=torch.float64)),  # not float32
+    (torch.randn(3, 8, dtype=torch.bfloat16), torch.randn(4, 8, dtype=torch.bfloat16)),
+    (torch.randn(0, 8), torch.randn(4, 8)),  # no rows
+])
+def test_other_products_pass_through_exactly(x, w):
+    assert torch.equal(weight_major_linear(x, w), ORIGINAL(x, w))
+
+
+def test_the_patch_holds_only_inside_its_blocks(monkeypatch):
+    with weight_major():
+        assert torch.nn.functional.linear is weight_major_linear
+        layer = torch.nn.Linear(8, 4)
+        x = torch.randn(3, 8)
+        torch.testing.assert_close(layer(x), ORIGINAL(x, layer.weight, layer.bias))
+        with weight_major():
+            pass
+        assert torch.nn.functional.linear is weight_major_linear  # the outer block is still open
+    assert torch.nn.functional.linear is ORIGINAL
+    with pytest.raises(RuntimeError), weight_major():
+        raise RuntimeError("boom")
+    assert torch.nn.functional.linear is ORIGINAL
+    with weight_major(on=False):
+        assert torch.nn.functional.linear is ORIGINAL
+    monkeypatch.setenv("OPTTREE_WEIGHT_MAJOR", "off")
+    with weight_major():
+        assert torch.nn.functional.linear is ORIGINAL
+
+
+def test_blocks_in_two_threads_that_close_out_of_order_restore_the_original():
+    a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+    seen = {}
+
+    def a():
+        with weight_major():
+            a_in.set()
+            b_in.wait(5)
+        a_out.set()
+
+    def b():
+        a_in.wait(5)
+        with weight_major():
+            b_in.set()
+            a_out.wait(5)
+            seen["after a closed"] = torch.nn.functional.linear
+
+    threads = [threading.Thread(target=a), threading.Thread(target=b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert seen["after a closed"] is weight_major_linear
+    assert torch.nn.functional.linear is ORIGINAL
