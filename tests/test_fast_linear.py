@@ -78,3 +78,20 @@ def test_blocks_in_two_threads_that_close_out_of_order_restore_the_original():
         t.join(10)
     assert seen["after a closed"] is weight_major_linear
     assert torch.nn.functional.linear is ORIGINAL
+
+
+def test_generate_runs_its_forwards_weight_major_and_restores_after():
+    from models import tiny_model
+    from opttree import speculative_generate
+
+    target, draft = tiny_model("llama", seed=0), tiny_model("llama", seed=1)
+    prompt = torch.tensor([[1, 5, 9, 2]])
+    plain = target.generate(prompt, max_new_tokens=6, do_sample=False)
+    seen = []  # the linear function in force at each target and draft forward
+    for model in (target, draft):
+        model.register_forward_pre_hook(lambda *_: seen.append(torch.nn.functional.linear))
+    out = target.generate(prompt, custom_generate=speculative_generate, draft_model=draft, nodes=4,
+                          max_new_tokens=6, do_sample=False)
+    assert torch.equal(out, plain)
+    assert seen and all(f is weight_major_linear for f in seen)
+    assert torch.nn.functional.linear is ORIGINAL

@@ -25,7 +25,6 @@ from . import kv_cache
 from .builder import BuiltTree
 from .config import TreeConfig
 from .drafters.model import BatchModelDrafter
-from .fast_linear import weight_major
 from .generation import DecodeResult, node_choice
 from .lockstep import run_in_lockstep
 from .masks import batch_verification_inputs
@@ -183,8 +182,7 @@ def speculative_decode_batch(
         # 2. verify: ONE target forward over every row's root and tree
         roots = torch.stack([row.sequence[-1] for row in rows])
         inputs = batch_verification_inputs(roots, trees, valid.sum(dim=1), valid, target.dtype)
-        with weight_major():  # as generation.target_forward
-            out = target(**inputs.as_kwargs(), past_key_values=cache, use_cache=True, logits_to_keep=0)
+        out = target(**inputs.as_kwargs(), past_key_values=cache, use_cache=True, logits_to_keep=0)
         logits = out.logits.float().to(device)  # [R, q, vocab]
 
         # 3. walk each row's tree

@@ -19,7 +19,6 @@ from .budget import BudgetPolicy, FixedPolicy
 from .builder import BuiltTree
 from .config import TreeConfig
 from .drafters.clock import DraftClock
-from .fast_linear import weight_major
 from .masks import verification_inputs
 from .stats import GenerationStats, StepStats
 from .tree import DraftTree
@@ -40,9 +39,8 @@ class DecodeResult:
 def target_forward(target, inputs, cache, hidden: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One target forward over the root and the tree -> (logits [n + 1, vocab] float32, and with
     ``hidden`` its features [n + 1, H]: the last hidden state, the input of its output head)."""
-    with weight_major():  # few-row matmuls, faster on CPUs (fast_linear)
-        out = target(**inputs.as_kwargs(), past_key_values=cache, use_cache=True, logits_to_keep=0,
-                     output_hidden_states=hidden)
+    out = target(**inputs.as_kwargs(), past_key_values=cache, use_cache=True, logits_to_keep=0,
+                 output_hidden_states=hidden)
     return out.logits[0].float(), out.hidden_states[-1][0] if hidden else None
 
 
