@@ -11,6 +11,11 @@ from opttree.fast_linear import MAX_ROWS, weight_major, weight_major_linear
 ORIGINAL = torch.nn.functional.linear
 
 
+@pytest.fixture(autouse=True)
+def kernel_on(monkeypatch):
+    monkeypatch.delenv("OPTTREE_WEIGHT_MAJOR", raising=False)  # the default, whatever the caller's shell says
+
+
 @pytest.mark.parametrize("shape", [(1, 16), (1, 1, 16), (2, 16), (1, 3, 16), (5, 16), (2, 4, 16), (9, 16)])
 @pytest.mark.parametrize("out_features", [24, 9000])
 @pytest.mark.parametrize("bias", [True, False])
