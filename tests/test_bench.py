@@ -137,6 +137,25 @@ def test_equality_check_fails_loudly(pair, tmp_path):
     assert (tmp_path / "speedup_by_category.png").read_bytes()[:8] == PNG
 
 
+def test_hf_methods_under_the_cpu_kernel(pair):
+    from opttree.bench import make_methods
+    from opttree.fast_linear import weight_major_linear
+
+    target, draft = pair
+    seen = []
+    hook = target.register_forward_pre_hook(lambda *_: seen.append(torch.nn.functional.linear))
+    try:
+        result = run_bench(target, draft, CharTokenizer(), QUESTIONS[1:],
+                           methods=make_methods(["plain", "plain-wm", "assisted-wm", "lookup-wm"], target, draft),
+                           max_new_tokens=6, warmup=0, progress=False)
+    finally:
+        hook.remove()
+    assert result.ok and result.methods == ["plain", "plain-wm", "assisted-wm", "lookup-wm"]
+    assert seen.count(weight_major_linear) == len(seen) - 6  # all but plain's 6 forwards (1 prefill + 5 steps)
+    with pytest.raises(ValueError, match="unknown method 'opttree-wm'"):
+        make_methods(["opttree-wm"], target, draft)
+
+
 def test_first_difference_and_helpers():
     assert first_difference([1, 2, 3], [1, 2, 3]) is None
     assert first_difference([1, 2, 3], [1, 5, 3]) == 1

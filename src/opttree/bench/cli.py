@@ -117,10 +117,10 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as error:
         usage.error(str(error))
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    if args.draft is None and ({"assisted", "opttree"} & set(methods) or extra_trees):
+    if args.draft is None and ({"assisted", "assisted-wm", "opttree"} & set(methods) or extra_trees):
         logger.warning("no --draft given: skipping assisted and opttree (pass a distilled draft folder, or "
                        "--draft truncated:N for a weak stand-in made of the target's first N layers)")
-        methods = [m for m in methods if m not in ("assisted", "opttree")]
+        methods = [m for m in methods if m not in ("assisted", "assisted-wm", "opttree")]
         extra_trees = []
 
     t0 = time.perf_counter()
@@ -133,15 +133,16 @@ def main(argv: list[str] | None = None) -> int:
         if assistant is None and hasattr(draft, "generation_config"):
             assistant = draft
         draft = MixedDrafter(draft, weight=args.mix_lookup)
-    if "assisted" in methods and assistant is None and not hasattr(draft, "generation_config"):
+    uses_assistant = {"assisted", "assisted-wm"} & set(methods)
+    if uses_assistant and assistant is None and not hasattr(draft, "generation_config"):
         logger.warning("--draft is not an HF model: skipping assisted (give --assistant PATH)")
-        methods = [m for m in methods if m != "assisted"]
+        methods = [m for m in methods if m not in uses_assistant]
     logger.info("models loaded in %.1f s; %d questions, methods %s", time.perf_counter() - t0, len(questions),
                 ", ".join(methods))
     tree = {"nodes": args.nodes, "threshold": args.threshold, "max_depth": args.max_depth,
             "strategy": args.strategy, "verifier": args.verifier}
     header = {"command": "python -m opttree.bench " + " ".join(argv), "target_spec": args.target,
-              "draft_spec": args.draft, "assistant_spec": args.assistant or (args.draft if "assisted" in methods else None), "questions_file": str(args.questions),
+              "draft_spec": args.draft, "assistant_spec": args.assistant or (args.draft if uses_assistant & set(methods) else None), "questions_file": str(args.questions),
               "categories": ",".join(dict.fromkeys(q.group for q in questions)), "quick": args.quick}
     result = run_bench(
         target, draft, tokenizer, questions, methods=methods, max_new_tokens=args.max_new_tokens,

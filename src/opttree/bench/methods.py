@@ -1,8 +1,9 @@
 """The decoding methods a benchmark compares, all through HF ``generate()``, greedy, batch 1.
 
 * ``plain``: ``generate()`` itself, the reference every other method must reproduce exactly;
-* ``plain-wm``: ``generate()`` inside :func:`opttree.fast_linear.weight_major`, the few-row linear
-  kernel opttree's verify uses: it shows how much of opttree's speed-up that kernel alone gives;
+* ``plain-wm`` (also ``assisted-wm``, ``lookup-wm``): the HF method inside
+  :func:`opttree.fast_linear.weight_major`, the few-row linear kernel opttree's loop runs under:
+  it shows how much of opttree's speed-up that kernel alone gives;
 * ``assisted``: HF assisted generation with the same draft (``assistant_model=``), a chain draft;
 * ``lookup``: HF prompt lookup decoding (``prompt_lookup_num_tokens=``), no draft model;
 * ``opttree``: OPT-Tree draft trees (arXiv 2406.17276) via ``custom_generate=speculative_generate``.
@@ -25,7 +26,8 @@ from ..fast_linear import weight_major
 from ..integration import TREE_ARGS, speculative_generate, tree_config
 from ..stats import GenerationStats
 
-METHODS = ("plain", "plain-wm", "assisted", "lookup", "opttree")
+METHODS = ("plain", "plain-wm", "assisted", "lookup", "opttree")  # the default set
+HF_METHODS = ("plain", "assisted", "lookup")  # each also as "<name>-wm"
 
 
 @dataclass
@@ -76,13 +78,11 @@ def greedy_kwargs(model, input_ids: torch.Tensor, max_new_tokens: int) -> dict:
     return kwargs
 
 
-def _hf_method(name: str, target, settings: dict, uses_draft: bool = False, fast_linear: bool = False,
-               **extra) -> Method:
+def _hf_method(name: str, target, settings: dict, uses_draft: bool = False, **extra) -> Method:
     def generate(input_ids, max_new_tokens):
         recorder = StepRecorder()
-        with weight_major(fast_linear):
-            out = target.generate(input_ids, stopping_criteria=StoppingCriteriaList([recorder]),
-                                  **greedy_kwargs(target, input_ids, max_new_tokens), **extra)
+        out = target.generate(input_ids, stopping_criteria=StoppingCriteriaList([recorder]),
+                              **greedy_kwargs(target, input_ids, max_new_tokens), **extra)
         return Generated(out, recorder.accept_lengths(input_ids.shape[1]))
 
     return Method(name, generate, settings, uses_draft)
@@ -92,9 +92,14 @@ def plain_method(target) -> Method:
     return _hf_method("plain", target, {"generate": "greedy"})
 
 
-def plain_wm_method(target) -> Method:
-    return _hf_method("plain-wm", target, {"generate": "greedy", "linear": "opttree.fast_linear"},
-                      fast_linear=True)
+def with_kernel(method: Method) -> Method:
+    """``method`` run inside :func:`~opttree.fast_linear.weight_major`, named ``<name>-wm``."""
+    def generate(input_ids, max_new_tokens):
+        with weight_major():
+            return method.generate(input_ids, max_new_tokens)
+
+    return Method(f"{method.name}-wm", generate, {**method.settings, "linear": "opttree.fast_linear"},
+                  method.uses_draft)
 
 
 def assisted_method(target, draft, num_assistant_tokens: int | None = None, schedule: str | None = None) -> Method:
@@ -160,8 +165,8 @@ def parse_tree_spec(spec: str) -> dict:
 def make_methods(names, target, draft, *, tree: dict | None = None, extra_trees: list[dict] | None = None,
                  prompt_lookup_num_tokens: int = 10, num_assistant_tokens: int | None = None,
                  assistant_schedule: str | None = None, assistant=None) -> list[Method]:
-    """Methods by name (``plain``, ``plain-wm``, ``assisted``, ``lookup``, ``opttree``, ``opttree-lookup``);
-    ``Method`` objects pass through. Each dict of ``extra_trees`` adds one more opttree method.
+    """Methods by name (``plain``, ``assisted``, ``lookup``, each also with ``-wm``: under opttree's
+    CPU kernel; ``opttree``, ``opttree-lookup``); ``Method`` objects pass through. Each dict of ``extra_trees`` adds one more opttree method.
     ``assistant``: the HF model for ``assisted`` (default: ``draft``, when it is an HF model; an
     EAGLE-style feature head is not one)."""
     tree = dict(tree or {})
@@ -169,12 +174,15 @@ def make_methods(names, target, draft, *, tree: dict | None = None, extra_trees:
         assistant = draft
     methods: list[Method] = []
     for name in names:
-        if isinstance(name, Method):
+        if isinstance(name, str) and name.removesuffix("-wm") in HF_METHODS and name.endswith("-wm"):
+            methods.append(with_kernel(make_methods(
+                [name.removesuffix("-wm")], target, draft, prompt_lookup_num_tokens=prompt_lookup_num_tokens,
+                num_assistant_tokens=num_assistant_tokens, assistant_schedule=assistant_schedule,
+                assistant=assistant)[0]))
+        elif isinstance(name, Method):
             methods.append(name)
         elif name == "plain":
             methods.append(plain_method(target))
-        elif name == "plain-wm":
-            methods.append(plain_wm_method(target))
         elif name == "assisted":
             if assistant is None:
                 raise ValueError("method 'assisted' needs an HF draft model: --assistant PATH when --draft is a "
@@ -187,7 +195,8 @@ def make_methods(names, target, draft, *, tree: dict | None = None, extra_trees:
         elif name == "opttree-lookup":
             methods.append(opttree_method(target, "prompt_lookup", name=name, **tree))
         else:
-            raise ValueError(f"unknown method {name!r}; known: {', '.join(METHODS)}, opttree-lookup")
+            raise ValueError(f"unknown method {name!r}; known: {', '.join(METHODS)}, assisted-wm, lookup-wm, "
+                             "opttree-lookup")
     for spec in extra_trees or []:
         label = ",".join(f"{k}={v}" for k, v in spec.items())
         methods.append(opttree_method(target, _need(draft, "opttree"), name=f"opttree({label})", **{**tree, **spec}))
