@@ -1,10 +1,11 @@
 """Few-row float32 linears on the CPU, taken weight-major: every forward of a speculative step.
 
 A verify runs the target over the root and a handful of tree nodes, and a draft model drafts a
-few nodes per layer, so every linear layer gets an input ``x`` [n, in] of a few rows. With the MKL build of torch measured here (2-core AVX-512 x86-64,
-torch 2.13), ``F.linear`` is slow for exactly these shapes: one row goes to a single-threaded
-matrix-vector product, and 2–8 rows cost up to twice one row. The same product taken weight-major,
-``(W @ x.T).T``, runs as a multi-threaded GEMM that reads ``W`` once. One row is padded to two.
+few nodes per layer, so every linear layer gets an input ``x`` [n, in] of a few rows. With the MKL
+build of torch measured here (2-core AVX-512 x86-64, torch 2.13), ``F.linear`` is slow for exactly
+these shapes: one row goes to a single-threaded matrix-vector product, and 2–8 rows cost up to
+twice one row. The same product taken weight-major, ``(W @ x.T).T``, runs as a multi-threaded GEMM
+that reads ``W`` once. One row is padded to two.
 
 SmolLM2-135M (fp32, 2 threads, 256-token cache), one forward of n new tokens, median ms:
 
@@ -15,9 +16,8 @@ SmolLM2-135M (fp32, 2 threads, 256-token cache), one forward of n new tokens, me
 
 so it is used up to :data:`MAX_ROWS` rows. ``weight_major()`` routes ``torch.nn.functional.linear``
 (which every ``nn.Linear`` calls) through :func:`weight_major_linear` while its ``with`` block runs
-(opttree's decoding loops and its latency calibration run inside one);
-float32 CPU inputs of 1..MAX_ROWS rows take the weight-major path, every other call passes through
-unchanged. Results agree with ``F.linear`` to float32 rounding, as any two GEMM kernels do; the
+(opttree's decoding loops and its latency calibration run inside one). Float32 CPU inputs of
+1..MAX_ROWS rows take the weight-major path; every other call passes through unchanged. Results agree with ``F.linear`` to float32 rounding, as any two GEMM kernels do; the
 greedy-equality tests and benchmarks run with it on.
 
 The one-row case makes plain decoding faster too: ``with weight_major(): model.generate(...)``.

@@ -166,7 +166,8 @@ def make_methods(names, target, draft, *, tree: dict | None = None, extra_trees:
                  prompt_lookup_num_tokens: int = 10, num_assistant_tokens: int | None = None,
                  assistant_schedule: str | None = None, assistant=None) -> list[Method]:
     """Methods by name (``plain``, ``assisted``, ``lookup``, each also with ``-wm``: under opttree's
-    CPU kernel; ``opttree``, ``opttree-lookup``); ``Method`` objects pass through. Each dict of ``extra_trees`` adds one more opttree method.
+    CPU kernel; ``opttree``, ``opttree-lookup``); ``Method`` objects pass through. Each dict of
+    ``extra_trees`` adds one more opttree method.
     ``assistant``: the HF model for ``assisted`` (default: ``draft``, when it is an HF model; an
     EAGLE-style feature head is not one)."""
     tree = dict(tree or {})
@@ -174,29 +175,28 @@ def make_methods(names, target, draft, *, tree: dict | None = None, extra_trees:
         assistant = draft
     methods: list[Method] = []
     for name in names:
-        if isinstance(name, str) and name.removesuffix("-wm") in HF_METHODS and name.endswith("-wm"):
-            methods.append(with_kernel(make_methods(
-                [name.removesuffix("-wm")], target, draft, prompt_lookup_num_tokens=prompt_lookup_num_tokens,
-                num_assistant_tokens=num_assistant_tokens, assistant_schedule=assistant_schedule,
-                assistant=assistant)[0]))
-        elif isinstance(name, Method):
+        if isinstance(name, Method):
             methods.append(name)
-        elif name == "plain":
-            methods.append(plain_method(target))
-        elif name == "assisted":
+            continue
+        kernel = name.endswith("-wm") and name.removesuffix("-wm") in HF_METHODS
+        base = name.removesuffix("-wm") if kernel else name
+        if base == "plain":
+            method = plain_method(target)
+        elif base == "assisted":
             if assistant is None:
                 raise ValueError("method 'assisted' needs an HF draft model: --assistant PATH when --draft is a "
                                  "feature head (HF assisted generation cannot use one)")
-            methods.append(assisted_method(target, assistant, num_assistant_tokens, assistant_schedule))
-        elif name == "lookup":
-            methods.append(lookup_method(target, prompt_lookup_num_tokens))
-        elif name == "opttree":
-            methods.append(opttree_method(target, _need(draft, name), **tree))
-        elif name == "opttree-lookup":
-            methods.append(opttree_method(target, "prompt_lookup", name=name, **tree))
+            method = assisted_method(target, assistant, num_assistant_tokens, assistant_schedule)
+        elif base == "lookup":
+            method = lookup_method(target, prompt_lookup_num_tokens)
+        elif base == "opttree":
+            method = opttree_method(target, _need(draft, name), **tree)
+        elif base == "opttree-lookup":
+            method = opttree_method(target, "prompt_lookup", name=name, **tree)
         else:
             raise ValueError(f"unknown method {name!r}; known: {', '.join(METHODS)}, assisted-wm, lookup-wm, "
                              "opttree-lookup")
+        methods.append(with_kernel(method) if kernel else method)
     for spec in extra_trees or []:
         label = ",".join(f"{k}={v}" for k, v in spec.items())
         methods.append(opttree_method(target, _need(draft, "opttree"), name=f"opttree({label})", **{**tree, **spec}))
