@@ -75,7 +75,7 @@ def main():
         target.generate(**inputs, max_new_tokens=8, do_sample=False)
 
     plain, t_plain = timed(lambda: target.generate(**inputs, **kw))
-    with weight_major():  # plain decoding with the linear kernel opttree's verify uses
+    with weight_major():  # plain decoding under the linear kernel opttree's decoding loop runs in
         plain_wm, t_plain_wm = timed(lambda: target.generate(**inputs, **kw))
     spec, t_spec = timed(lambda: gen.generate(**inputs, **kw))
     n = spec.shape[1] - inputs["input_ids"].shape[1]
