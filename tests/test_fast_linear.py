@@ -1,32 +1,41 @@
 """The weight-major few-row linear gives F.linear's results, takes its path only where it is meant
-to, and its patch is undone when the last open block closes (nested, failing or concurrent)."""
+to (in "auto" mode: where it was timed faster), and its patch is undone when the last open block
+closes (nested, failing or concurrent)."""
 
 import threading
+import time
 
 import pytest
 import torch
 
-from opttree.fast_linear import MAX_ROWS, weight_major, weight_major_linear
+from opttree import fast_linear
+from opttree.fast_linear import MAX_ROWS, TRIALS, weight_major, weight_major_linear
 
 ORIGINAL = torch.nn.functional.linear
 
 
 @pytest.fixture(autouse=True)
-def kernel_on(monkeypatch):
+def default_kernel(monkeypatch):
     monkeypatch.delenv("OPTTREE_WEIGHT_MAJOR", raising=False)  # the default, whatever the caller's shell says
+    monkeypatch.setattr(fast_linear, "_faster", {})  # no choices carried in from other tests
+    monkeypatch.setattr(fast_linear, "_trials", {})
+    monkeypatch.setattr(fast_linear, "_timing", True)
 
 
 @pytest.mark.parametrize("shape", [(1, 16), (1, 1, 16), (2, 16), (1, 3, 16), (5, 16), (2, 4, 16), (9, 16)])
 @pytest.mark.parametrize("out_features", [24, 9000])
 @pytest.mark.parametrize("bias", [True, False])
-def test_weight_major_linear_equals_f_linear(shape, out_features, bias):
+@pytest.mark.parametrize("timing", [False, True])  # "on" (always weight-major) / "auto" trials
+def test_weight_major_linear_equals_f_linear(shape, out_features, bias, timing, monkeypatch):
+    monkeypatch.setattr(fast_linear, "_timing", timing)
     g = torch.Generator().manual_seed(0)
     x = torch.randn(*shape, generator=g)
     w = torch.randn(out_features, 16, generator=g)
     b = torch.randn(out_features, generator=g) if bias else None
-    out = weight_major_linear(x, w, b)
-    assert out.shape == (*shape[:-1], out_features) and out.is_contiguous()
-    torch.testing.assert_close(out, ORIGINAL(x, w, b), rtol=1e-5, atol=1e-5)
+    for _ in range(2 * TRIALS + 1 if timing else 1):  # both trial paths and the chosen one
+        out = weight_major_linear(x, w, b)
+        assert out.shape == (*shape[:-1], out_features) and out.is_contiguous()
+        torch.testing.assert_close(out, ORIGINAL(x, w, b), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("x, w", [
@@ -99,4 +108,54 @@ def test_generate_runs_its_forwards_weight_major_and_restores_after():
                           max_new_tokens=6, do_sample=False)
     assert torch.equal(out, plain)
     assert seen and all(f is weight_major_linear for f in seen)
+    assert torch.nn.functional.linear is ORIGINAL
+
+
+@pytest.mark.parametrize("slow", ["stock", "weight-major"])
+def test_auto_mode_times_both_paths_then_keeps_the_faster(slow, monkeypatch):
+    calls = {"stock": 0, "weight-major": 0}
+
+    def path(name, fn):
+        def timed(*args):
+            calls[name] += 1
+            if name == slow:
+                time.sleep(0.003)  # far above either product's own time
+            return fn(*args)
+        return timed
+
+    monkeypatch.setattr(fast_linear, "_linear", path("stock", fast_linear._linear))
+    monkeypatch.setattr(fast_linear, "_weight_major_mm", path("weight-major", fast_linear._weight_major_mm))
+    x, w = torch.randn(3, 16), torch.randn(24, 16)
+    with weight_major():
+        for _ in range(2 * TRIALS):
+            torch.nn.functional.linear(x, w)
+        assert calls == {"stock": TRIALS, "weight-major": TRIALS}  # alternated while trying
+        assert fast_linear.decisions() == {(3, 24, 16): slow == "stock"}
+        for _ in range(4):
+            torch.testing.assert_close(torch.nn.functional.linear(x, w), ORIGINAL(x, w))
+        other = "weight-major" if slow == "stock" else "stock"
+        assert calls == {slow: TRIALS, other: TRIALS + 4}  # then only the faster one
+        torch.nn.functional.linear(torch.randn(2, 16), w)  # another row count: its own trials
+        assert (2, 24, 16) not in fast_linear.decisions()
+
+
+def test_on_mode_skips_the_trials(monkeypatch):
+    monkeypatch.setenv("OPTTREE_WEIGHT_MAJOR", "on")
+    with weight_major():
+        for _ in range(3):
+            torch.nn.functional.linear(torch.randn(2, 16), torch.randn(24, 16))
+    assert fast_linear.decisions() == {} and fast_linear._trials == {}
+
+
+@pytest.mark.parametrize("value, mode", [("auto", "auto"), ("ON", "on"), ("1", "on"), ("off", "off"),
+                                         ("0", "off"), ("false", "off"), (" Auto ", "auto")])
+def test_the_environment_variable_names_a_mode(value, mode, monkeypatch):
+    monkeypatch.setenv("OPTTREE_WEIGHT_MAJOR", value)
+    assert fast_linear.mode() == mode
+
+
+def test_a_bad_mode_says_which_values_work(monkeypatch):
+    monkeypatch.setenv("OPTTREE_WEIGHT_MAJOR", "fast")
+    with pytest.raises(ValueError, match="auto, on or off"), weight_major():
+        pass
     assert torch.nn.functional.linear is ORIGINAL

@@ -413,7 +413,7 @@ def calibration_key(target, drafter, prefix: int = CALIBRATION_PREFIX) -> dict:
         "drafter": drafter_fingerprint(drafter),
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
-        "weight_major": fast_linear.enabled(),  # the few-row linear kernel (fast_linear)
+        "weight_major": fast_linear.mode(),  # the few-row linear kernel (fast_linear): auto, on or off
         "verify_sizes": list(VERIFY_SIZES),
         "draft_widths": list(DRAFT_WIDTHS),
         "prefix": prefix,
