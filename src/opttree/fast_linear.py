@@ -71,11 +71,6 @@ def mode() -> str:
     return value
 
 
-def enabled() -> bool:
-    """False when ``OPTTREE_WEIGHT_MAJOR`` is off."""
-    return mode() != "off"
-
-
 def decisions() -> dict[tuple[int, int, int], bool]:
     """The choices made so far in ``auto`` mode: ``{(rows, out, in): weight-major was faster}``."""
     return dict(_faster)
