@@ -159,3 +159,25 @@ def test_a_bad_mode_says_which_values_work(monkeypatch):
     with pytest.raises(ValueError, match="auto, on or off"), weight_major():
         pass
     assert torch.nn.functional.linear is ORIGINAL
+
+
+def test_the_kernel_benchmark_times_all_three_modes_and_restores_the_setting(tmp_path, capsys, monkeypatch):
+    import importlib.util
+    import os
+    from pathlib import Path
+
+    from models import tiny_model
+
+    tiny_model("llama", seed=0).save_pretrained(tmp_path)
+    path = Path(__file__).parent.parent / "benchmarks" / "kernel.py"
+    spec = importlib.util.spec_from_file_location("kernel_benchmark", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    monkeypatch.setenv("OPTTREE_WEIGHT_MAJOR", "on")
+    bench.main(["--target", str(tmp_path), "--sizes", "0", "2", "--prefix", "8", "--repeats", "1",
+                "--threads", str(torch.get_num_threads())])
+    out = capsys.readouterr().out
+    assert "| tokens | 1 | 3 |" in out
+    assert all(f"| `{mode}` |" in out for mode in ("off", "on", "auto"))
+    assert "auto: weight-major kept for" in out
+    assert os.environ["OPTTREE_WEIGHT_MAJOR"] == "on" and torch.nn.functional.linear is ORIGINAL
