@@ -37,9 +37,9 @@ def test_unrolled_passes_equal_tree_drafting(root):
     drafter.expand(chain, torch.tensor([0]))
     drafter.expand(chain, torch.tensor([1]))
     for depth, key in enumerate([-1, 0, 1]):  # pass d at position root + d is the depth-d node
-        torch.testing.assert_close(drafter.predicted[key], passes[depth][0, root + depth], rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(drafter.predicted_feature(key), passes[depth][0, root + depth], rtol=1e-4, atol=1e-5)
     # and not some other position of that pass (the check can fail)
-    assert not torch.allclose(drafter.predicted[1], passes[2][0, root + 1], atol=1e-3)
+    assert not torch.allclose(drafter.predicted_feature(1), passes[2][0, root + 1], atol=1e-3)
 
 
 def test_distill_head_end_to_end(tmp_path):

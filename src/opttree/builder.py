@@ -42,8 +42,75 @@ class BuiltTree:
     expected_lengths: list[float] = field(default_factory=list)  # E(A) after each layer
     draft_forwards: int = 0  # expand() calls (the root's forward not counted)
     # the draft's q for the children of the root (key -1) and of each expanded tree node
-    # (key = tree index): [vocab] float each; what sampling verifiers need.
+    # (key = tree index): [vocab] float each; what sampling verifiers need. Builders that grow by
+    # layers record ``layers`` instead and the dict is made on first use (a host read).
     draft_probs: dict[int, torch.Tensor] = field(default_factory=dict)
+    depth: int | None = None  # the deepest node's depth, when the builder knows it without a host read
+    layers: list["ExpandedLayer"] = field(default_factory=list)
+
+    def __post_init__(self):
+        if self.layers and not self.draft_probs:
+            self.draft_probs = LazyDraftProbs(self)
+
+
+@dataclass
+class ExpandedLayer:
+    """One expand() call: pool nodes ``frontier`` ([k] long) and the draft's q for their children ([k, vocab])."""
+
+    frontier: torch.Tensor
+    probs: torch.Tensor
+
+
+class LazyDraftProbs(dict):
+    """BuiltTree.draft_probs made from its ``layers`` when first read (tree index -> [vocab] q)."""
+
+    def __init__(self, built: BuiltTree):
+        super().__init__()
+        self.built = built
+        self.filled = False
+
+    def _fill(self):
+        if not self.filled:
+            self.filled = True
+            built = self.built
+            tree_of_pool = {pid: i for i, pid in enumerate(built.pool_ids.tolist())}
+            self[-1] = built.layers[0].probs[0]
+            for layer in built.layers[1:]:
+                for pid, q in zip(layer.frontier.tolist(), layer.probs):
+                    if pid in tree_of_pool:
+                        self[tree_of_pool[pid]] = q
+
+    def __getitem__(self, key):
+        self._fill()
+        return super().__getitem__(key)
+
+    def __contains__(self, key):
+        self._fill()
+        return super().__contains__(key)
+
+    def __iter__(self):
+        self._fill()
+        return super().__iter__()
+
+    def __len__(self):
+        self._fill()
+        return super().__len__()
+
+    def items(self):
+        self._fill()
+        return super().items()
+
+    def keys(self):
+        self._fill()
+        return super().keys()
+
+    def values(self):
+        self._fill()
+        return super().values()
+
+    def get(self, key, default=None):
+        self._fill()
+        return super().get(key, default)
 
 
 def best_nodes(path_probs: torch.Tensor, budget: int) -> torch.Tensor:
@@ -61,81 +128,89 @@ def top_children(parent_probs: torch.Tensor, child_probs: torch.Tensor, budget: 
 
     parent_probs: [k] float, p̂ of the expanded nodes
     child_probs:  [k, vocab] float, the draft's q for their children
-    returns:      (parent row [c] long, token [c] long, p̂ [c] float), c ≤ budget, p̂ > 0.
+    returns:      (parent row [c] long, token [c] long, p̂ [c] float), c = min(budget, k × vocab),
+                  p̂ descending; zeros included (the caller cuts them with its host read).
     """
-    scores = parent_probs[:, None] * child_probs  # [k, vocab]
+    scores = parent_probs.unsqueeze(1) * child_probs  # [k, vocab]
     vocab = scores.shape[1]
-    top = torch.topk(scores.flatten(), min(budget, scores.numel()))
-    keep = top.values > 0
-    flat = top.indices[keep]
-    return flat // vocab, flat % vocab, top.values[keep]
+    top = torch.topk(scores.view(-1), min(budget, scores.numel()))
+    return torch.div(top.indices, vocab, rounding_mode="floor"), top.indices % vocab, top.values
+
+
+@dataclass
+class LayerReading:
+    """The one host read per layer: what the next decision needs."""
+
+    positive: int  # the new layer's nodes with p̂ > 0 (a prefix: p̂ is descending)
+    expected_length: float  # E(A) of the best ``nodes`` nodes of the pool with the new layer
+    frontier: int  # the new layer's nodes among those best (a prefix), the next expand's width
+
+
+def read_layer(pool_probs: torch.Tensor, layer_probs: torch.Tensor, budget: int) -> LayerReading:
+    """pool_probs: [m] float, p̂ of the pool before the layer; layer_probs: [c] float, descending.
+    Ties go to the earlier node (the pool before the layer, then the layer's own order)."""
+    merged = torch.sort(torch.cat([pool_probs, layer_probs]), descending=True, stable=True)  # [m + c]
+    positive, gain, frontier = torch.cat([
+        (layer_probs > 0).sum(dim=0, keepdim=True),  # [1]
+        merged.values[:budget].sum(dim=0, keepdim=True),  # [1]
+        (merged.indices[:budget] >= pool_probs.shape[0]).sum(dim=0, keepdim=True),  # [1]
+    ]).tolist()
+    return LayerReading(int(positive), gain, min(int(frontier), int(positive)))
 
 
 def build_opt_tree(root_probs: torch.Tensor, expand: Expand, config: TreeConfig, max_depth=None, *,
                    width: int | None = None, grow: Grow | None = None) -> BuiltTree:
-    """Grow an OPT-Tree.
+    """Grow an OPT-Tree: whole layers on the draft's device, one host read per layer.
 
     root_probs: [vocab] float, the draft's q for the root's children.
     max_depth:  a tighter depth cap for this step (e.g. tokens left before max_new_tokens).
     width:      the most nodes one draft forward expands (the layer's best by p̂); None: no cap.
     grow:       after each drafted layer, whether to draft the next (budget.py); None: OPT-Tree's
                 rule, while E(A) of the best ``nodes`` nodes grows by more than ``threshold``.
+
+    The newest layer is stored by descending p̂, so the nodes worth expanding (those still among
+    the pool's best ``nodes``: no other can have a kept descendant) are a prefix of it.
     """
     budget = config.nodes
     depth_cap = config.max_depth if max_depth is None else min(config.max_depth, max_depth)
+    device = root_probs.device
     if depth_cap < 1:
-        return BuiltTree(DraftTree.empty(root_probs.device), torch.empty(0, dtype=torch.long, device=root_probs.device))
+        return BuiltTree(DraftTree.empty(device, root_probs.dtype), torch.empty(0, dtype=torch.long, device=device), depth=0)
 
     # 1. the first layer: the root's most probable children
-    one = torch.ones(1, dtype=root_probs.dtype, device=root_probs.device)
-    _, tokens, probs = top_children(one, root_probs[None, :], budget)
-    parents = torch.full_like(tokens, -1)
-    layer = torch.arange(len(tokens), device=tokens.device)  # pool indices of the newest layer
-    pool = DraftTree(tokens, parents, probs)
-    gains = [pool.path_probs[best_nodes(pool.path_probs, budget)].sum().item()]
-    forwards = 0
-    q_of_pool = {-1: root_probs}  # pool id -> q for its children
+    top = torch.topk(root_probs, min(budget, root_probs.shape[0]))
+    reading = read_layer(root_probs[:0], top.values, budget)
+    pool = DraftTree.first_layer(top.indices[:reading.positive], top.values[:reading.positive])  # p̂ descending
+    gains, layers = [reading.expected_length], [ExpandedLayer(torch.full((1,), -1, device=device), root_probs[None])]
+    start, depth = 0, 1 if reading.positive else 0  # the newest layer is pool[start:]
 
     # 2. deeper layers while E(A) still grows by more than the threshold (or `grow` says so)
-    for _ in range(depth_cap - 1):
-        frontier = next_frontier(pool.path_probs, layer, budget, width)
-        if len(frontier) == 0:
+    while depth and depth < depth_cap:
+        k = min(reading.frontier, width or reading.frontier)
+        if k == 0:
             break
-        if grow is not None and not grow(LayerState(pool.path_probs, pool.parents, int(layer[0]), len(frontier))):
+        if grow is not None and not grow(LayerState(pool.path_probs, pool.parents, start, k)):
             break
+        frontier = torch.arange(start, start + k, device=device)  # [k] pool ids
         child_probs = expand(pool, frontier)  # [k, vocab]
-        forwards += 1
-        q_of_pool.update(zip(frontier.tolist(), child_probs))
-        rows, tokens, probs = top_children(pool.path_probs[frontier], child_probs.to(pool.path_probs.dtype), budget)
-        if len(tokens) == 0:
+        layers.append(ExpandedLayer(frontier, child_probs))
+        if child_probs.dtype != pool.path_probs.dtype:
+            child_probs = child_probs.to(pool.path_probs.dtype)
+        rows, tokens, probs = top_children(pool.path_probs[start:start + k], child_probs, budget)
+        reading = read_layer(pool.path_probs, probs, budget)
+        if reading.positive == 0:
             break
-        start = len(pool)
-        pool = DraftTree(
-            torch.cat([pool.tokens, tokens]),
-            torch.cat([pool.parents, frontier[rows]]),
-            torch.cat([pool.path_probs, probs]),
-        )
-        layer = torch.arange(start, len(pool), device=tokens.device)
-        gains.append(pool.path_probs[best_nodes(pool.path_probs, budget)].sum().item())
+        if reading.positive < probs.shape[0]:  # q = 0 tokens are never drafted
+            rows, tokens, probs = rows[:reading.positive], tokens[:reading.positive], probs[:reading.positive]
+        pool, start = pool.extend(tokens, rows + start, probs), len(pool)
+        depth += 1
+        gains.append(reading.expected_length)
         if grow is None and gains[-1] - gains[-2] <= config.threshold:
             break
 
     # 3. the final tree: the best `budget` nodes, re-indexed
-    return from_pool(pool, best_nodes(pool.path_probs, budget), q_of_pool, gains, forwards)
-
-
-def next_frontier(path_probs: torch.Tensor, layer: torch.Tensor, budget: int, width: int | None) -> torch.Tensor:
-    """The newest layer's nodes worth expanding: those still among the pool's best ``budget``
-    (no other can have a kept child), at most ``width`` of them, the most probable first.
-
-    path_probs: [m] float, the pool's p̂; layer: [k] long, ascending pool ids of the newest layer.
-    returns:    [<= min(k, width)] long, ascending pool ids.
-    """
-    frontier = layer[torch.isin(layer, best_nodes(path_probs, budget))]
-    if width is not None and len(frontier) > width:
-        order = torch.sort(path_probs[frontier], descending=True, stable=True).indices[:width]
-        frontier = torch.sort(frontier[order]).values
-    return frontier
+    keep = best_nodes(pool.path_probs, budget)
+    return BuiltTree(pool.subtree(keep), keep, gains, len(layers) - 1, depth=depth, layers=layers)
 
 
 def from_pool(pool: DraftTree, keep: torch.Tensor, q_of_pool: dict, gains: list[float], forwards: int) -> BuiltTree:
@@ -146,14 +221,12 @@ def from_pool(pool: DraftTree, keep: torch.Tensor, q_of_pool: dict, gains: list[
 
 def select(built: BuiltTree, keep: torch.Tensor) -> BuiltTree:
     """The sub-tree of the nodes ``keep`` ([k] long, ascending tree indices, closed under parents)."""
-    tree = built.tree
-    remap = torch.full((len(tree),), -1, dtype=torch.long, device=keep.device)
+    tree = built.tree.subtree(keep)
+    if built.layers:  # draft_probs is made from the layers, by pool id
+        return BuiltTree(tree, built.pool_ids[keep], list(built.expected_lengths), built.draft_forwards,
+                         layers=built.layers)
+    remap = torch.full((len(built.tree),), -1, dtype=torch.long, device=keep.device)
     remap[keep] = torch.arange(len(keep), device=keep.device)
-    old_parents = tree.parents[keep]
-    new_parents = torch.where(old_parents >= 0, remap[old_parents.clamp(min=0)], old_parents)
-    if bool((new_parents[old_parents >= 0] < 0).any()):
-        raise AssertionError("the kept nodes are not closed under parents; this is a bug")
-    new_tree = DraftTree(tree.tokens[keep], new_parents, tree.path_probs[keep])
     draft_probs = {(-1 if i < 0 else int(remap[i])): q for i, q in built.draft_probs.items()
                    if i < 0 or remap[i] >= 0}
-    return BuiltTree(new_tree, built.pool_ids[keep], list(built.expected_lengths), built.draft_forwards, draft_probs)
+    return BuiltTree(tree, built.pool_ids[keep], list(built.expected_lengths), built.draft_forwards, draft_probs)

@@ -23,7 +23,8 @@ from .masks import verification_inputs
 from .stats import GenerationStats, StepStats
 from .tree import DraftTree
 from .strategies import build_tree
-from .verify import greedy_choice, sampled_choice, verify
+from .stopping import StopRule
+from .verify import greedy_choice, greedy_walk, sampled_choice, verify, with_rows
 
 logger = logging.getLogger(__name__)
 
@@ -77,9 +78,16 @@ def speculative_decode(
     output_logits: bool = False,
     policy: BudgetPolicy | None = None,
 ) -> DecodeResult:
-    """policy: each step's tree budget (budget.py); default: ``config``'s fixed nodes and threshold."""
+    """policy: each step's tree budget (budget.py); default: ``config``'s fixed nodes and threshold.
+
+    Host reads per step (greedy, no logits processors): one per drafted layer (the builder's
+    threshold test), one for the walk (the accepted path, its pool ids and the emitted tokens),
+    one in the drafter's commit; everything else stays on the devices."""
     policy = policy or FixedPolicy(config)
     pick = sampled_choice if do_sample else greedy_choice
+    fast_walk = not do_sample and len(logits_processor or []) == 0  # argmax over every node at once
+    stop = StopRule.of(stopping_criteria)
+    want_rows = output_scores or output_logits or stop.needs_scores
     sequence = input_ids[0]
     stats = GenerationStats(prompt_tokens=len(sequence))
     scores_out: list[torch.Tensor] = []
@@ -94,11 +102,12 @@ def speculative_decode(
         if wants_hidden:
             drafter.add_features(out.hidden_states[-1][0])  # [T - 1, H]
     past_len = len(sequence) - 1
+    length = len(sequence)
 
     finished = False
     while not finished:
         # 1. draft a tree (not deeper than the tokens still allowed and the context)
-        depth_cap = min(max_length - len(sequence) - 1, context_length - len(sequence))
+        depth_cap = min(max_length - length - 1, context_length - length)
         t0 = time.perf_counter()
         forwards_before = getattr(drafter, "forwards", 0)
         plan = policy.plan()  # this step's nodes, threshold, layer width (and for "auto" its rules)
@@ -107,43 +116,54 @@ def speculative_decode(
             root_probs = clock.root_probs(sequence)
             built = build_tree(root_probs, clock.expand, config, depth_cap, generator=generator, plan=plan)
         else:
-            built = BuiltTree(DraftTree.empty(sequence.device), torch.empty(0, dtype=torch.long))
-        tree = DraftTree(built.tree.tokens.to(sequence.device), built.tree.parents.to(sequence.device),
-                         built.tree.path_probs)
+            built = BuiltTree(DraftTree.empty(sequence.device), torch.empty(0, dtype=torch.long), depth=0)
+        tree = built.tree.to(sequence.device)
         t1 = time.perf_counter()
 
         # 2. verify: ONE target forward over the root and every tree node
-        inputs = verification_inputs(int(sequence[-1]), tree, past_len, target.dtype)
+        inputs = verification_inputs(sequence[-1:], tree, past_len, target.dtype)
         logits, hidden = target_forward(target, inputs, cache, wants_hidden)
         logits = logits.to(sequence.device)  # [n + 1, vocab], where generate() keeps ids
 
         # 3. walk the tree: the target's own token at the root and at each accepted node
-        choose, process = node_choice(sequence, logits_processor, pick, generator)
-        acceptance = verify(built, tree, logits, choose, config, process=process if do_sample else None,
-                            generator=generator)
+        if fast_walk:
+            acceptance = greedy_walk(tree, logits, built.pool_ids, built.depth)
+            if want_rows:
+                with_rows(acceptance, logits)
+        else:
+            choose, process = node_choice(sequence, logits_processor, pick, generator)
+            acceptance = verify(built, tree, logits, choose, config, process=process if do_sample else None,
+                                generator=generator)
         t2 = time.perf_counter()
 
         # 4. keep only the root and the accepted path in both caches
-        kv_cache.keep_slots(cache, past_len + 1, torch.tensor(acceptance.nodes, dtype=torch.long) + past_len + 1)
+        kv_cache.keep_slots(cache, past_len + 1, [past_len + 1 + i for i in acceptance.nodes])
         if depth_cap >= 1:
-            drafter.commit([int(built.pool_ids[i]) for i in acceptance.nodes])
+            pool_ids = acceptance.pool_ids
+            if pool_ids is None:
+                pool_ids = built.pool_ids[acceptance.nodes].tolist()
+            drafter.commit(pool_ids)
         if wants_hidden:  # the features of the root and the accepted nodes
-            drafter.add_features(hidden[torch.tensor([0] + [1 + i for i in acceptance.nodes], device=hidden.device)])
+            rows = torch.tensor([0] + [1 + i for i in acceptance.nodes], device=hidden.device)
+            drafter.add_features(hidden[rows])
         past_len += 1 + acceptance.accepted
 
-        # 5. commit the new tokens one by one until a stopping criterion fires
-        new = []
-        for token, scores, row in zip(acceptance.tokens, acceptance.scores, acceptance.logits):
-            sequence = torch.cat([sequence, torch.tensor([token], dtype=sequence.dtype, device=sequence.device)])
-            new.append(token)
-            if output_scores:  # kept only on request: a [vocab] row per token adds up over long runs
-                scores_out.append(scores[None])
-            if output_logits:
-                logits_out.append(row[None])
-            if bool(stopping_criteria(sequence[None, :], scores[None]).any()):
-                finished = True
-                break
-        if not finished and len(sequence) > context_length:
+        # 5. commit the new tokens, up to the first one after which a stopping criterion fires
+        def ask(j: int) -> bool:  # generate()'s other criteria on the sequence ending with token j
+            ids = torch.tensor(acceptance.tokens[:j + 1], dtype=sequence.dtype, device=sequence.device)
+            context = torch.cat([sequence, ids])[None, :]
+            return bool(stopping_criteria(context, acceptance.scores[j][None]).any())
+
+        keep = stop.cut(length, acceptance.tokens, ask)
+        finished = keep is not None
+        new = acceptance.tokens if keep is None else acceptance.tokens[:keep]
+        sequence = torch.cat([sequence, torch.tensor(new, dtype=sequence.dtype, device=sequence.device)])
+        length += len(new)
+        if output_scores:  # kept only on request: a [vocab] row per token adds up over long runs
+            scores_out.extend(row[None] for row in acceptance.scores[:len(new)])
+        if output_logits:
+            logits_out.extend(row[None] for row in acceptance.logits[:len(new)])
+        if not finished and length > context_length:
             logger.warning("stopped at the model's context length (%d tokens)", context_length)
             finished = True
         if streamer is not None:
@@ -151,8 +171,9 @@ def speculative_decode(
         stats.new_tokens += len(new)
         stats.steps.append(StepStats(
             tree_size=len(tree),
-            tree_depth=int(tree.depths().max()) if len(tree) else 0,
-            expected_length=tree.expected_length,
+            tree_depth=built.depth if built.depth is not None else (int(tree.depths().max()) if len(tree) else 0),
+            expected_length=(built.expected_lengths[-1] if built.depth is not None and built.expected_lengths
+                             else tree.expected_length) if len(tree) else 0.0,
             accepted=acceptance.accepted,
             emitted=len(new),
             draft_forwards=getattr(drafter, "forwards", 0) - forwards_before,

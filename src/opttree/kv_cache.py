@@ -42,20 +42,24 @@ def cache_length(cache) -> int:
     return cache.get_seq_length()
 
 
-def keep_slots(cache: DynamicCache, start: int, slots: torch.Tensor) -> None:
+def keep_slots(cache: DynamicCache, start: int, slots: list[int]) -> None:
     """Keep cache slots ``[0, start)`` followed by ``slots``; drop everything else.
 
-    slots: [k] long, ascending, each >= start.
+    slots: ascending host ints, each >= start (the accepted path: already on the host, so
+    deciding what to move reads nothing back). ONE index tensor serves every layer on a device.
     """
     total = cache.get_seq_length()
     k = len(slots)
-    if k and not bool((slots == torch.arange(start, start + k, device=slots.device)).all()):
+    if k and slots != list(range(start, start + k)):
+        index: dict[torch.device, torch.Tensor] = {}
         for layer in cache.layers:
             if not getattr(layer, "is_initialized", True):
                 continue
-            idx = slots.to(layer.keys.device)
-            layer.keys[..., start:start + k, :] = layer.keys[..., idx, :]
-            layer.values[..., start:start + k, :] = layer.values[..., idx, :]
+            device = layer.keys.device
+            if device not in index:
+                index[device] = torch.tensor(slots, dtype=torch.long, device=device)
+            layer.keys[..., start:start + k, :] = layer.keys[..., index[device], :]
+            layer.values[..., start:start + k, :] = layer.values[..., index[device], :]
     if total > start + k:
         cache.crop(-(total - start - k))
 

@@ -52,34 +52,32 @@ def tree_forward_inputs(
     allows."""
     q, c = tail_visible.shape
     kv = past_len + q
-    visible = torch.ones(q, kv, dtype=torch.bool, device=tokens.device)
-    visible[:, kv - c:] = tail_visible
+    hidden = torch.finfo(dtype).min
+    mask = torch.nn.functional.pad((~tail_visible).to(dtype) * hidden, (kv - c, 0))  # [q, kv] additive, the prefix visible
     return ForwardInputs(
-        input_ids=tokens[None, :],
-        attention_mask=additive_mask(visible, dtype),
-        position_ids=positions[None, :],
+        input_ids=tokens.unsqueeze(0),
+        attention_mask=mask.view(1, 1, q, kv),
+        position_ids=positions.unsqueeze(0),
         cache_position=torch.arange(past_len, kv, device=tokens.device),
     )
 
 
-def verification_inputs(root_token: int, tree: DraftTree, past_len: int, dtype: torch.dtype) -> ForwardInputs:
+def verification_inputs(root_token, tree: DraftTree, past_len: int, dtype: torch.dtype) -> ForwardInputs:
     """The target's input: the root (position past_len) then every tree node (past_len + depth).
 
-    Row 0 of the output predicts the root's children; row 1 + i those of node i.
+    root_token: an int or a [1] long tensor. Row 0 of the output predicts the root's children;
+    row 1 + i those of node i.
     """
     device = tree.tokens.device
-    tokens = torch.cat([torch.tensor([root_token], device=device), tree.tokens])
-    depths = torch.cat([torch.zeros(1, dtype=torch.long, device=device), tree.depths()])
-    return tree_forward_inputs(tokens, past_len + depths, tree_visibility(tree), past_len, dtype)
+    root = torch.as_tensor(root_token, device=device).reshape(1)  # [1]
+    tokens = torch.cat([root, tree.tokens])  # [n + 1]
+    positions = torch.nn.functional.pad(tree.depths(), (1, 0)) + past_len  # [n + 1]
+    return tree_forward_inputs(tokens, positions, tree_visibility(tree), past_len, dtype)
 
 
 def tree_visibility(tree: DraftTree) -> torch.Tensor:
     """[n + 1, n + 1] bool over the root (0) and the nodes (1 + i): each sees the root and its ancestors."""
-    n = len(tree)
-    visible = torch.zeros(n + 1, n + 1, dtype=torch.bool, device=tree.tokens.device)
-    visible[:, 0] = True  # everyone sees the root
-    visible[1:, 1:] = tree.ancestor_mask()
-    return visible
+    return torch.nn.functional.pad(tree.ancestor_mask(), (1, 0, 1, 0), value=True).tril_()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -84,8 +84,7 @@ def build_heap_tree(root_probs: torch.Tensor, expand: Expand, config: TreeConfig
     batch = batch or min(heap_batch(budget), width or budget)
     one = torch.ones(1, dtype=root_probs.dtype, device=root_probs.device)
     _, tokens, probs = top_children(one, root_probs[None, :], budget)
-    pool = DraftTree(tokens, torch.full_like(tokens, -1), probs)
-    depth = torch.ones(len(pool), dtype=torch.long, device=tokens.device)
+    pool = DraftTree.first_layer(tokens[probs > 0], probs[probs > 0])
     expanded = torch.zeros(len(pool), dtype=torch.bool, device=tokens.device)
     q_of_pool = {-1: root_probs}
     gains = [pool.path_probs[best_nodes(pool.path_probs, budget)].sum().item()]
@@ -94,7 +93,7 @@ def build_heap_tree(root_probs: torch.Tensor, expand: Expand, config: TreeConfig
     while True:
         best = best_nodes(pool.path_probs, budget)
         line = pool.path_probs[best].min() if len(best) == budget else pool.path_probs.new_tensor(0.0)
-        open_ = best[~expanded[best] & (depth[best] < depth_cap) & (pool.path_probs[best] > line)]
+        open_ = best[~expanded[best] & (pool.depths()[best] < depth_cap) & (pool.path_probs[best] > line)]
         if len(open_) == 0:
             break
         order = torch.sort(pool.path_probs[open_], descending=True, stable=True).indices[:batch]
@@ -107,9 +106,9 @@ def build_heap_tree(root_probs: torch.Tensor, expand: Expand, config: TreeConfig
         expanded[frontier] = True
         q_of_pool.update(zip(frontier.tolist(), child_probs))
         rows, tokens, probs = top_children(pool.path_probs[frontier], child_probs.to(pool.path_probs.dtype), budget)
-        pool = DraftTree(torch.cat([pool.tokens, tokens]), torch.cat([pool.parents, frontier[rows]]),
-                         torch.cat([pool.path_probs, probs]))
-        depth = torch.cat([depth, depth[frontier[rows]] + 1])
+        positive = probs > 0  # q = 0 tokens are never drafted
+        rows, tokens, probs = rows[positive], tokens[positive], probs[positive]
+        pool = pool.extend(tokens, frontier[rows], probs)
         expanded = torch.cat([expanded, torch.zeros(len(tokens), dtype=torch.bool, device=expanded.device)])
         gains.append(pool.path_probs[best_nodes(pool.path_probs, budget)].sum().item())
     return from_pool(pool, best_nodes(pool.path_probs, budget), q_of_pool, gains, forwards)

@@ -8,28 +8,78 @@ come before their children (``parents[i] < i``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass
 
 import torch
 
 
 @dataclass(frozen=True)
 class DraftTree:
+    """A draft tree as tensors, all on one device (nothing here reads values back to the host
+    unless a method says so).
+
+    ``depth`` and ``ancestors`` are derived from ``parents``; builders that grow a tree layer by
+    layer pass them along (:meth:`first_layer`, :meth:`extend`: one gather per layer), anything
+    else gets them computed on first use. ``check=False`` skips the parents-first check (a host
+    read), for trees opttree grew itself.
+    """
+
     tokens: torch.Tensor  # [n] long
     parents: torch.Tensor  # [n] long, -1 = child of the root
     path_probs: torch.Tensor  # [n] float, p̂
+    depth: torch.Tensor | None = None  # [n] long: 1 for the root's children, 2 for theirs, ...
+    ancestors: torch.Tensor | None = None  # [n, n] bool: [i, j] = node j is node i or one of its ancestors
+    check: InitVar[bool] = True
 
-    def __post_init__(self):
+    def __post_init__(self, check: bool):
         n = self.tokens.shape[0]
         if self.parents.shape != (n,) or self.path_probs.shape != (n,):
             raise ValueError("tokens, parents and path_probs must all have shape [n]")
-        if n and bool((self.parents >= torch.arange(n, device=self.parents.device)).any()):
+        if check and n and bool((self.parents >= torch.arange(n, device=self.parents.device)).any()):
             raise ValueError("parents must come before their children (parents[i] < i)")
 
     @classmethod
-    def empty(cls, device=None) -> "DraftTree":
+    def empty(cls, device=None, dtype=torch.float32) -> "DraftTree":
         long = torch.empty(0, dtype=torch.long, device=device)
-        return cls(long, long.clone(), torch.empty(0, device=device))
+        return cls(long, long.clone(), torch.empty(0, dtype=dtype, device=device), long.clone(),
+                   torch.empty(0, 0, dtype=torch.bool, device=device), check=False)
+
+    @classmethod
+    def first_layer(cls, tokens: torch.Tensor, path_probs: torch.Tensor) -> "DraftTree":
+        """The root's children: tokens [c] long, p̂ [c] float."""
+        c = tokens.shape[0]
+        device = tokens.device
+        return cls(tokens, torch.full((c,), -1, dtype=torch.long, device=device), path_probs,
+                   ancestors=torch.eye(c, dtype=torch.bool, device=device), check=False)
+
+    def extend(self, tokens: torch.Tensor, parents: torch.Tensor, path_probs: torch.Tensor) -> "DraftTree":
+        """This tree plus c new nodes under EXISTING nodes: tokens [c] long, parents [c] long
+        (each in [0, n)), p̂ [c] float. A new node's ancestor row is its parent's plus itself;
+        depths are left to :meth:`depths` (a row sum of the ancestor mask), made on demand."""
+        c = tokens.shape[0]
+        rows = self.ancestor_mask().index_select(0, parents)  # [c, n]
+        ancestors = torch.cat([
+            torch.nn.functional.pad(self.ancestor_mask(), (0, c)),  # [n, n + c]
+            torch.cat([rows, torch.eye(c, dtype=torch.bool, device=rows.device)], dim=1),  # [c, n + c]
+        ])
+        return DraftTree(torch.cat([self.tokens, tokens]), torch.cat([self.parents, parents]),
+                         torch.cat([self.path_probs, path_probs]), ancestors=ancestors, check=False)
+
+    def subtree(self, keep: torch.Tensor) -> "DraftTree":
+        """The nodes ``keep`` ([k] long, ascending, closed under parents), re-indexed."""
+        remap = torch.full((len(self) + 1,), -1, dtype=torch.long, device=keep.device)  # slot 0: the root
+        remap[keep + 1] = torch.arange(keep.shape[0], device=keep.device)
+        return DraftTree(self.tokens[keep], remap[self.parents[keep] + 1], self.path_probs[keep],
+                         None if self.depth is None else self.depth[keep], self.ancestor_mask()[keep][:, keep],
+                         check=False)
+
+    def to(self, device) -> "DraftTree":
+        """The same tree on ``device`` (itself when it is there already)."""
+        if self.tokens.device == torch.device(device):
+            return self  # (no op: not even a no-op ``to``)
+        move = lambda t: None if t is None else t.to(device)  # noqa: E731
+        return DraftTree(move(self.tokens), move(self.parents), self.path_probs, move(self.depth),
+                         move(self.ancestors), check=False)
 
     @classmethod
     def from_paths(cls, paths, tokens_of_path, probs_of_path=None) -> "DraftTree":
@@ -56,24 +106,20 @@ class DraftTree:
 
     @property
     def expected_length(self) -> float:
-        """E(A) = Σ p̂: the expected number of accepted draft tokens (without the bonus token)."""
+        """E(A) = Σ p̂: the expected number of accepted draft tokens (without the bonus token). A host read."""
         return float(self.path_probs.sum())
 
     def depths(self) -> torch.Tensor:
         """[n] long: 1 for the root's children, 2 for theirs, ..."""
-        depth = [0] * len(self)
-        for i, p in enumerate(self.parents.tolist()):
-            depth[i] = 1 if p < 0 else depth[p] + 1
-        return torch.tensor(depth, dtype=torch.long, device=self.tokens.device)
+        if self.depth is None:
+            object.__setattr__(self, "depth", self.ancestor_mask().sum(dim=1))
+        return self.depth
 
     def ancestor_mask(self) -> torch.Tensor:
         """[n, n] bool: ``m[i, j]`` is True when node j is node i or one of its ancestors."""
-        n = len(self)
-        mask = torch.eye(n, dtype=torch.bool, device=self.tokens.device)
-        for i, p in enumerate(self.parents.tolist()):
-            if p >= 0:
-                mask[i] |= mask[p]
-        return mask
+        if self.ancestors is None:
+            object.__setattr__(self, "ancestors", closure(self.parents))
+        return self.ancestors
 
     def path_to(self, i: int) -> list[int]:
         """Node indices from the root's child down to node i (inclusive)."""
@@ -115,3 +161,18 @@ class DraftTree:
 
         walk(-1, "")
         return "\n".join(lines)
+
+
+def closure(parents: torch.Tensor) -> torch.Tensor:
+    """[n] long parents (-1 = root) -> [n, n] bool ancestor mask (self included), by pointer
+    doubling: after round r each row holds its nearest 2^r generations; ⌈log2(n + 1)⌉ rounds,
+    no per-node Python loop."""
+    n = parents.shape[0]
+    device = parents.device
+    up = torch.cat([torch.where(parents < 0, n, parents), torch.tensor([n], device=device)])  # [n + 1]; n: the root
+    reach = torch.eye(n + 1, dtype=torch.bool, device=device)  # [n + 1, n + 1]
+    reach[n, n] = False  # the root is nobody's node
+    for _ in range(max(1, n.bit_length())):
+        reach = reach | reach[up]
+        up = up[up]
+    return reach[:n, :n]

@@ -33,8 +33,12 @@ class Acceptance:
 
     nodes: list[int] = field(default_factory=list)  # accepted tree nodes, root to leaf
     tokens: list[int] = field(default_factory=list)  # len(nodes) + 1
-    scores: list[torch.Tensor] = field(default_factory=list)  # [vocab] per emitted token
-    logits: list[torch.Tensor] = field(default_factory=list)  # [vocab] per emitted token
+    scores: list[torch.Tensor] = field(default_factory=list)  # [vocab] per emitted token (see rows)
+    logits: list[torch.Tensor] = field(default_factory=list)  # [vocab] per emitted token (see rows)
+    pool_ids: list[int] | None = None  # the accepted nodes' pool ids, when the walk read them too
+    # greedy_walk without processors: the scores and logits of emitted token j are row rows[j] of
+    # the step's logits, made into the two lists only on request (:func:`with_rows`)
+    rows: list[int] | None = None
 
     @property
     def accepted(self) -> int:
@@ -58,6 +62,40 @@ def walk_tree(tree: DraftTree, logits: torch.Tensor, choose: Choose) -> Acceptan
             return result
         result.nodes.append(child)
         node = child
+
+
+def greedy_walk(tree: DraftTree, logits: torch.Tensor, pool_ids: torch.Tensor, depth: int | None = None) -> Acceptance:
+    """The argmax walk for every node at once, with ONE host read (no logits processors: the
+    scores are the raw logits).
+
+    tree: on logits' device; logits: [n + 1, vocab] (row 0 the root, 1 + i node i); pool_ids:
+    [n] long, each node's pool id; depth: the tree's depth if known (else n bounds it).
+    A node is accepted when its token is the target's argmax at its parent and so is every
+    ancestor's: the accepted nodes form one path (siblings carry distinct tokens), in tree order.
+    """
+    n = len(tree)
+    choice = logits.argmax(dim=-1)  # [n + 1] the target's token at the root and at each node
+    if n == 0:
+        return Acceptance([], choice.tolist(), rows=[0], pool_ids=[])
+    match = tree.tokens == choice[tree.parents + 1]  # [n] the node carries its parent's argmax
+    on_path = ~(tree.ancestor_mask() & ~match).any(dim=1)  # [n] so do all its ancestors
+    d = min(depth or n, n)
+    order = torch.sort(torch.where(on_path, torch.arange(n, device=logits.device), n)).values[:d]  # [d]
+    path = order.clamp(max=n - 1)  # [d]: the accepted nodes first, then filler
+    emitted = choice[torch.cat([path.new_zeros(1), path + 1])]  # [d + 1]
+    packed = torch.cat([on_path.sum()[None], path, pool_ids.to(path.device)[path], emitted]).tolist()
+    a = packed[0]
+    nodes = packed[1:1 + a]
+    return Acceptance(nodes, packed[1 + 2 * d:2 + 2 * d + a], pool_ids=packed[1 + d:1 + d + a],
+                      rows=[0] + [1 + i for i in nodes])
+
+
+def with_rows(acceptance: Acceptance, logits: torch.Tensor) -> Acceptance:
+    """Fill ``scores`` and ``logits`` of a :func:`greedy_walk` acceptance from the step's logits."""
+    if acceptance.rows is not None and not acceptance.logits:
+        acceptance.logits = [logits[r] for r in acceptance.rows]
+        acceptance.scores = list(acceptance.logits)
+    return acceptance
 
 
 def verify(built, tree: DraftTree, logits: torch.Tensor, choose: Choose, config, process=None,

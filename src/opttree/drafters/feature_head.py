@@ -227,9 +227,9 @@ class FeatureHeadDrafter:
         self.to_probs = to_probs  # full logits [k, V] -> probabilities; None: softmax (fast path)
         self.kv: KV | None = None  # entries 0..cached-1, all with true target features
         self.pending = torch.zeros(1, head.c.hidden_size, device=head.device)  # f_{cached-1}, f_{cached}, ...
-        self.tree_kv: KV | None = None  # this step's tree nodes, in feeding order
-        self.tree_ids: list[int] = []  # pool id of each tree_kv entry
-        self.predicted: dict[int, torch.Tensor] = {}  # pool id (-1: root) -> g [H]
+        self.past: KV | None = None  # self.kv followed by this step's tree entries, in feeding order
+        self.fed = torch.empty(0, dtype=torch.long, device=head.device)  # [f] pool id of each tree entry
+        self.predicted = torch.zeros(1, head.c.hidden_size, device=head.device)  # [1 + m, H]: g of the root (row 0) and of pool node p (row 1 + p, once fed)
         self.root_position = 0
         self.forwards = 0
 
@@ -244,7 +244,7 @@ class FeatureHeadDrafter:
     def _run(self, features, tokens, positions, visible) -> tuple[torch.Tensor, KV]:
         """Feed q entries ([q, H], [q], [q]) seeing ``visible`` [q, s + q] of cache + tree + them."""
         with torch.inference_mode():
-            past = self.kv if self.tree_kv is None else self.kv.cat(self.tree_kv)
+            past = self.past
             predicted, new = self.head(features[None], tokens[None], positions[None], past, additive_mask(visible, torch.float32))
         self.forwards += 1
         return predicted[0], new  # [q, H], the new entries
@@ -256,13 +256,13 @@ class FeatureHeadDrafter:
         device = self.head.device
         tokens = sequence[start:end].to(device)
         positions = torch.arange(start, end, device=device)
-        self.tree_kv, self.tree_ids, self.predicted = None, [], {}
+        self.past, self.fed = self.kv, self.fed[:0]
         g, new = self._run(self.pending[: end - start], tokens, positions, causal_visible(end - start, start, device))
-        self.kv = new if self.kv is None else self.kv.cat(new)
+        self.kv = self.past = new if self.kv is None else self.kv.cat(new)
         self.pending = self.pending[end - start:]
         self.root_position = end - 1
-        self.predicted[-1] = g[-1]
-        return self._probs(g[-1:])[0]
+        self.predicted = g[-1:]
+        return self._probs(self.predicted)[0]
 
     def _probs(self, g: torch.Tensor) -> torch.Tensor:
         """Predicted features [k, H] -> draft probabilities [k, V] float32."""
@@ -271,25 +271,30 @@ class FeatureHeadDrafter:
         small = torch.softmax(self.head.reduced_logits(g).float(), dim=-1)  # [k, K]; the rest is 0
         return small.new_zeros(len(g), self.head.c.vocab_size).index_copy_(-1, self.head.token_ids, small)
 
+    def predicted_feature(self, pool_id: int) -> torch.Tensor:
+        """[H]: the head's predicted feature g of pool node ``pool_id`` fed this step (-1: the root)."""
+        return self.predicted[1 + pool_id]
+
     def expand(self, pool: DraftTree, frontier: torch.Tensor) -> torch.Tensor:
+        """frontier: [k] long pool ids -> [k, vocab]. Each node reads its parent's predicted
+        feature and sees the cached entries and its ancestors' tree entries; no host read."""
         device = self.head.device
-        ids = frontier.tolist()
-        parents = pool.parents[frontier].tolist()
-        features = torch.stack([self.predicted[p] for p in parents])  # [k, H]
-        positions = (self.root_position + pool.depths()[frontier]).to(device)
-        columns = self.tree_ids + ids
-        ancestors = pool.ancestor_mask()  # [m, m]
-        tail = ancestors[frontier.to(ancestors.device)][:, torch.tensor(columns, device=ancestors.device)]
-        visible = torch.ones(len(ids), self.cached + len(columns), dtype=torch.bool, device=device)
-        visible[:, self.cached:] = tail.to(device)
-        g, new = self._run(features, pool.tokens[frontier].to(device), positions, visible)
-        self.tree_kv = new if self.tree_kv is None else self.tree_kv.cat(new)
-        self.tree_ids = columns
-        for pid, row in zip(ids, g):
-            self.predicted[pid] = row
+        frontier = frontier.to(device)
+        features = self.predicted.index_select(0, pool.parents.index_select(0, frontier) + 1)  # [k, H] the parents' g
+        ancestors = pool.ancestor_mask().index_select(0, frontier)  # [k, m]
+        columns = torch.cat([self.fed, frontier])  # [f + k] pool ids of the tree entries after this forward
+        visible = torch.nn.functional.pad(ancestors.index_select(1, columns), (self.cached, 0), value=True)  # [k, s + f + k]
+        positions = ancestors.sum(dim=1) + self.root_position  # depth = ancestors, self included
+        g, new = self._run(features, pool.tokens.index_select(0, frontier), positions, visible)
+        self.past = self.past.cat(new)
+        self.fed = columns
+        rows = 1 + pool.tokens.shape[0]  # room for every pool node's g
+        if self.predicted.shape[0] < rows:
+            self.predicted = torch.nn.functional.pad(self.predicted, (0, 0, 0, rows - self.predicted.shape[0]))
+        self.predicted.index_copy_(0, frontier + 1, g)
         return self._probs(g)
 
     def commit(self, accepted_pool_ids: list[int]) -> None:
         # Tree entries read predicted features: drop them all. The accepted tokens are fed again,
         # with the target's features, by the next root_probs.
-        self.tree_kv, self.tree_ids, self.predicted = None, [], {}
+        self.past, self.fed = self.kv, self.fed[:0]

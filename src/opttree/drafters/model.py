@@ -18,6 +18,11 @@ from ..masks import batch_forward_inputs, row_visibility, tree_forward_inputs
 from ..tree import DraftTree
 
 
+def on(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``tensor`` on ``device``, without even a no-op ``to`` when it is there already."""
+    return tensor if tensor.device == device else tensor.to(device)
+
+
 class ModelDrafter:
     def __init__(self, model, to_probs: Callable[[torch.Tensor], torch.Tensor] | None = None):
         """model: an HF causal LM sharing the target's vocabulary.
@@ -27,7 +32,7 @@ class ModelDrafter:
         self.to_probs = to_probs or (lambda logits: torch.softmax(logits, dim=-1))
         self.cache = kv_cache.new_cache(model)
         self.prefix_len = 0  # committed tokens in the cache (the root included)
-        self.slots: dict[int, int] = {}  # pool id -> cache slot of the nodes fed this step
+        self.fed = torch.empty(0, dtype=torch.long, device=self.device)  # [f] pool ids of this step's cache slots, in slot order
         self.forwards = 0
 
     @property
@@ -41,9 +46,11 @@ class ModelDrafter:
     def _forward(self, **inputs) -> torch.Tensor:
         out = self.model(**inputs, past_key_values=self.cache, use_cache=True)
         self.forwards += 1
-        return out.logits[0].float()  # [q, vocab]
+        logits = out.logits[0]  # [q, vocab]
+        return logits if logits.dtype == torch.float32 else logits.float()
 
     def root_probs(self, sequence: torch.Tensor) -> torch.Tensor:
+        """sequence: [T] long -> [vocab]: feeds the committed tokens not in the cache yet."""
         new = sequence[self.prefix_len:].to(self.device)[None, :]  # [1, q]
         if new.shape[1] == 0:
             raise AssertionError("the drafter has already seen the whole sequence; this is a bug")
@@ -51,40 +58,40 @@ class ModelDrafter:
         logits = self._forward(input_ids=new, position_ids=positions,
                                cache_position=positions[0], logits_to_keep=1)
         self.prefix_len = len(sequence)
-        self.slots = {}
+        self.fed = self.fed[:0]
         return self.to_probs(logits[-1:])[0]
 
     def expand(self, pool: DraftTree, frontier: torch.Tensor) -> torch.Tensor:
-        fed = sorted(self.slots, key=self.slots.get)  # pool ids already in the cache, slot order
-        columns = fed + frontier.tolist()  # the cache's tree part after this forward
-        col_of = {pid: c for c, pid in enumerate(columns)}
-        ancestors = pool.ancestor_mask()  # [m, m]
-        # node i (a frontier node) sees column c when that column holds i or one of its ancestors
-        tail_visible = ancestors[frontier.to(ancestors.device)][:, torch.tensor(columns, device=ancestors.device)]  # [k, c]
-        past_len = self.prefix_len + len(fed)
-        depths = pool.depths()[frontier]
+        """frontier: [k] long pool ids -> [k, vocab]. One forward; each node sees the prefix and
+        the cache slots of its own ancestors (the pool's ancestor rows, gathered on the device)."""
+        device = self.device
+        columns = torch.cat([self.fed, on(frontier, self.fed.device)])  # [f + k] the tree part of the cache after this forward
+        ancestors = pool.ancestor_mask().index_select(0, frontier)  # [k, m]
         inputs = tree_forward_inputs(
-            pool.tokens[frontier].to(self.device),
-            (self.prefix_len - 1 + depths).to(self.device),
-            tail_visible.to(self.device),
-            past_len,
+            on(pool.tokens.index_select(0, frontier), device),
+            on(ancestors.sum(dim=1) + (self.prefix_len - 1), device),  # depth = ancestors, self included
+            on(ancestors.index_select(1, columns), device),  # [k, f + k]
+            self.prefix_len + self.fed.shape[0],
             self.model.dtype,
         )
         logits = self._forward(**inputs.as_kwargs())
-        for pid in frontier.tolist():
-            self.slots[pid] = self.prefix_len + col_of[pid]
+        self.fed = columns
         return self.to_probs(logits)
 
     def commit(self, accepted_pool_ids: list[int]) -> None:
-        seen = []
-        for pid in accepted_pool_ids:  # the fed nodes of a path are a prefix of it
-            if pid not in self.slots:
-                break
-            seen.append(self.slots[pid])
-        slots = torch.tensor(seen, dtype=torch.long, device=self.device)
+        """Keep the cache slots of the accepted nodes fed this step (a prefix of the path): one
+        host read finds them."""
+        if accepted_pool_ids and self.fed.shape[0]:
+            path = torch.tensor(accepted_pool_ids, dtype=torch.long, device=self.fed.device)  # [a]
+            hits = path[:, None] == self.fed[None, :]  # [a, f]
+            fed_prefix = hits.any(dim=1).cumprod(dim=0).sum()  # how many of the path were fed
+            found = torch.cat([fed_prefix[None], hits.to(torch.int8).argmax(dim=1)]).tolist()
+            slots = [self.prefix_len + c for c in found[1:1 + found[0]]]
+        else:
+            slots = []
         kv_cache.keep_slots(self.cache, self.prefix_len, slots)
-        self.prefix_len += len(seen)
-        self.slots = {}
+        self.prefix_len += len(slots)
+        self.fed = self.fed[:0]
 
 
 class BatchModelDrafter:

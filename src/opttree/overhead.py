@@ -1,0 +1,144 @@
+"""Count the host work of a decoding step outside the model forwards.
+
+On a GPU every aten op is a kernel launch (5–10 µs of host time each) and every value read back
+to Python (``.item()``, ``.tolist()``, ``bool(t)``, a data-dependent shape such as boolean-mask
+indexing or ``nonzero``) stalls the pipeline until the device catches up. Both are counts, so
+they can be measured on a CPU and pinned in a test, unlike timings.
+
+:class:`OverheadCounter` counts, while it is open, aten ops (a ``TorchDispatchMode``), host reads
+(a ``TorchFunctionMode``) and host time, all OUTSIDE the forwards of the modules it is given
+(forward hooks switch counting off inside them). A *step* is the span from the start of one
+target forward to the start of the next: the prefill → first verify span and everything after
+the last verify are not steps. Both modes are thread-local and removed on exit.
+
+    with OverheadCounter(target, draft) as counter:
+        model.generate(...)
+    print(counter.mean())  # StepCounts(ops=..., reads=..., host_ms=..., kernels=...)
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+# Tensor methods and functions that hand a tensor's VALUES (not just its shape) to Python, or
+# whose output shape depends on them: each one waits for the device.
+HOST_READS = frozenset({
+    "item", "tolist", "numpy", "__bool__", "__int__", "__float__", "__index__", "__array__",
+    "nonzero", "argwhere", "masked_select", "unique", "unique_consecutive", "equal", "allclose",
+    "is_nonzero",
+})
+
+
+# aten ops that never launch a kernel besides views (``OpOverload.is_view``)
+NO_KERNEL = frozenset({"aten::resolve_conj", "aten::resolve_neg", "aten::lift_fresh", "aten::_local_scalar_dense"})
+
+
+@dataclass
+class StepCounts:
+    ops: float  # aten ops outside the forwards, views included
+    reads: float  # host reads outside the forwards
+    host_ms: float  # wall time outside the forwards
+    kernels: float = 0.0  # of ``ops``: those that launch a kernel on a GPU (not views, not metadata)
+
+
+def _is_read(func, args) -> bool:
+    name = getattr(func, "__name__", "")
+    if name in HOST_READS:
+        return True
+    if name == "__getitem__" and len(args) > 1:  # boolean-mask indexing: a data-dependent shape
+        index = args[1] if isinstance(args[1], tuple) else (args[1],)
+        return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in index)
+    if name == "repeat_interleave" and len(args) > 1 and isinstance(args[1], torch.Tensor):
+        return True
+    return False
+
+
+class _Reads(TorchFunctionMode):
+    def __init__(self, counter: "OverheadCounter"):
+        super().__init__()
+        self.counter = counter
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if self.counter.inside == 0 and _is_read(func, args):
+            self.counter.reads += 1
+        return func(*args, **(kwargs or {}))
+
+
+class _Ops(TorchDispatchMode):
+    def __init__(self, counter: "OverheadCounter"):
+        super().__init__()
+        self.counter = counter
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if self.counter.inside == 0:
+            self.counter.ops += 1
+            if not func.is_view and func.name() not in NO_KERNEL:
+                self.counter.kernels += 1
+        return func(*args, **(kwargs or {}))
+
+
+class OverheadCounter:
+    """target: the module whose forward starts each step; others: more modules whose forwards
+    are not counted (the draft model, a feature head)."""
+
+    def __init__(self, target: torch.nn.Module, *others: torch.nn.Module):
+        self.target = target
+        self.modules = [target, *[m for m in others if isinstance(m, torch.nn.Module)]]
+        self.ops = 0
+        self.kernels = 0
+        self.reads = 0
+        self.inside = 0  # > 0 while a watched forward runs
+        self.forward_seconds = 0.0
+        self._entered_at = 0.0
+        self.marks: list[tuple[int, int, float, int]] = []  # (ops, reads, host seconds, kernels) at each target forward start
+        self._hooks = []
+        self._modes = []
+
+    def _host_seconds(self) -> float:
+        return time.perf_counter() - self.forward_seconds
+
+    def _pre(self, module, args, kwargs=None):
+        if module is self.target and self.inside == 0:
+            self.marks.append((self.ops, self.reads, self._host_seconds(), self.kernels))
+        if self.inside == 0:
+            self._entered_at = time.perf_counter()
+        self.inside += 1
+
+    def _post(self, module, args, output, kwargs=None):
+        self.inside -= 1
+        if self.inside == 0:
+            self.forward_seconds += time.perf_counter() - self._entered_at
+
+    def __enter__(self) -> "OverheadCounter":
+        for m in self.modules:
+            self._hooks.append(m.register_forward_pre_hook(self._pre))
+            self._hooks.append(m.register_forward_hook(self._post))
+        self._modes = [_Reads(self), _Ops(self)]
+        for mode in self._modes:
+            mode.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for mode in reversed(self._modes):
+            mode.__exit__(*exc)
+        for hook in self._hooks:
+            hook.remove()
+        self._modes, self._hooks = [], []
+
+    def steps(self) -> list[StepCounts]:
+        """One entry per span between consecutive verify forwards (the prefill's span excluded)."""
+        marks = self.marks[1:]
+        return [StepCounts(b[0] - a[0], b[1] - a[1], 1000 * (b[2] - a[2]), b[3] - a[3]) for a, b in zip(marks, marks[1:])]
+
+    def mean(self) -> StepCounts:
+        steps = self.steps()
+        if not steps:
+            raise ValueError("fewer than two verify forwards were seen: generate more tokens")
+        n = len(steps)
+        return StepCounts(sum(s.ops for s in steps) / n, sum(s.reads for s in steps) / n,
+                          sum(s.host_ms for s in steps) / n, sum(s.kernels for s in steps) / n)
