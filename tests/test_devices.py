@@ -197,3 +197,66 @@ def test_target_dispatched_over_cuda_and_cpu(tmp_path):
     for d in (target.to("cuda:0"), "prompt_lookup"):
         out = spec(split, d, ids.to("cuda:0"), max_new_tokens=24)
         assert torch.equal(out.sequences.cpu(), ref)
+
+
+# -- the GPU step (issue: a step a GPU can afford) ---------------------------------------------------
+
+@pytest.mark.gpu
+def test_feature_head_decoding_on_cuda():
+    from opttree.distill.head import new_head
+
+    target = peaked(tiny_model("llama"), scale=30.0).to("cuda:0")
+    head, _ = new_head(target)
+    head = head.to("cuda:0")
+    ids = prompt(9).to("cuda:0")
+    ref = target.generate(ids, max_new_tokens=24, do_sample=False)
+    for d in (head, MixedDrafter(head, "prompt_lookup", 0.5)):
+        assert torch.equal(spec(target, d, ids, max_new_tokens=24).sequences, ref)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("generator_device", ["cpu", "cuda:0"])
+def test_sampling_on_cuda_with_the_users_generator(generator_device):
+    """A CPU generator with a CUDA target draws on the CPU (a generator only draws on its own
+    device); the same seed gives the same tokens twice."""
+    target = peaked(tiny_model("llama"), scale=3.0).to("cuda:0")
+    draft = tiny_model("llama", seed=1).to("cuda:0")
+    ids = prompt(10).to("cuda:0")
+    outs = []
+    for _ in range(2):
+        gen = torch.Generator(device=generator_device).manual_seed(0)
+        outs.append(target.generate(ids, do_sample=True, top_k=0, max_new_tokens=16, custom_generate=speculative_generate,
+                                    draft_model=draft, generator=gen, nodes=8, max_depth=4))
+    assert torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.gpu
+def test_cuda_target_with_a_bf16_draft():
+    target = peaked(tiny_model("llama"), scale=30.0).to("cuda:0")
+    draft = peaked(tiny_model("llama", dtype=torch.bfloat16), scale=30.0).to("cuda:0")
+    ids = prompt(11).to("cuda:0")
+    ref = target.generate(ids, max_new_tokens=24, do_sample=False)
+    assert torch.equal(spec(target, draft, ids, max_new_tokens=24).sequences, ref)
+
+
+@pytest.mark.gpu
+def test_a_cuda_step_syncs_a_few_times():
+    """torch.cuda's sync debug mode warns at every synchronising call: a greedy step with a fixed
+    budget syncs about once per drafted layer plus a constant few (walk, commit)."""
+    import warnings
+
+    target = peaked(tiny_model("llama"), scale=300.0).to("cuda:0")
+    draft = peaked(tiny_model("llama"), scale=300.0).to("cuda:0")
+    ids = prompt(12).to("cuda:0")
+    spec(target, draft, ids, max_new_tokens=8)  # warm-up
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = spec(target, draft, ids, max_new_tokens=60)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    syncs = sum("synchroniz" in str(w.message) for w in caught)
+    steps = len(out.stats.steps)
+    depth = sum(s.tree_depth for s in out.stats.steps) / steps
+    assert syncs / steps <= depth + 6, (syncs, steps, depth)

@@ -84,6 +84,7 @@ def speculative_decode(
     threshold test), one for the walk (the accepted path, its pool ids and the emitted tokens),
     one in the drafter's commit; everything else stays on the devices."""
     policy = policy or FixedPolicy(config)
+    timed = not isinstance(policy, FixedPolicy)  # "auto" learns from device times: sync to read them
     pick = sampled_choice if do_sample else greedy_choice
     fast_walk = not do_sample and len(logits_processor or []) == 0  # argmax over every node at once
     stop = StopRule.of(stopping_criteria)
@@ -111,7 +112,7 @@ def speculative_decode(
         t0 = time.perf_counter()
         forwards_before = getattr(drafter, "forwards", 0)
         plan = policy.plan()  # this step's nodes, threshold, layer width (and for "auto" its rules)
-        clock = DraftClock(drafter)  # times the drafter's calls, whatever the drafter
+        clock = DraftClock(drafter, sync=timed)  # times the drafter's calls, whatever the drafter
         if depth_cap >= 1:
             root_probs = clock.root_probs(sequence)
             built = build_tree(root_probs, clock.expand, config, depth_cap, generator=generator, plan=plan)

@@ -122,5 +122,9 @@ def greedy_choice(scores: torch.Tensor, generator=None) -> int:
 
 
 def sampled_choice(scores: torch.Tensor, generator=None) -> int:
+    """A draw from softmax(scores), on the generator's device when one is given (a torch
+    Generator only draws on its own device: a CPU generator with CUDA scores draws on the CPU)."""
     probs = torch.softmax(scores, dim=-1)
+    if generator is not None and probs.device != generator.device:
+        probs = probs.to(generator.device)
     return int(torch.multinomial(probs, 1, generator=generator))

@@ -16,10 +16,15 @@ def _sync(out) -> None:
 
 
 class DraftClock:
-    """Wraps a drafter's ``root_probs`` and ``expand`` for one step and records their times."""
+    """Wraps a drafter's ``root_probs`` and ``expand`` for one step and records their times.
 
-    def __init__(self, drafter):
+    sync: wait for the device after each call, so the times are the device's (what ``"auto"``
+    budgets learn from). Off, a CUDA drafter's calls are only launched when the clock reads, and
+    the step is never stalled to time it."""
+
+    def __init__(self, drafter, sync: bool = True):
         self.drafter = drafter
+        self.sync = sync
         self.root_seconds = 0.0
         self.layers: list[LayerTiming] = []
 
@@ -27,7 +32,8 @@ class DraftClock:
         """sequence: [T] long -> [vocab] float, as ``drafter.root_probs``."""
         start = time.perf_counter()
         out = self.drafter.root_probs(sequence, *args, **kwargs)
-        _sync(out)
+        if self.sync:
+            _sync(out)
         self.root_seconds += time.perf_counter() - start
         return out
 
@@ -35,6 +41,7 @@ class DraftClock:
         """frontier: [k] long pool ids -> [k, vocab] float, as ``drafter.expand``."""
         start = time.perf_counter()
         out = self.drafter.expand(pool, frontier)
-        _sync(out)
+        if self.sync:
+            _sync(out)
         self.layers.append(LayerTiming(width=len(frontier), seconds=time.perf_counter() - start))
         return out
