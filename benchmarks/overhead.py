@@ -47,7 +47,7 @@ def make_draft(kind: str, target, draft):
 
 
 def measure(kind: str, nodes: int, depth: int, sample: bool, new_tokens: int = 120, seed: int = 0) -> tuple[StepCounts, float]:
-    """(mean counts per step, mean tree depth) for one set-up."""
+    """(mean counts per step, mean tree depth) for one set-up; host ms from a second, uncounted run."""
     target, draft = tiny_pair(seed)
     draft_model, modules = make_draft(kind, target, draft)
     gen = SpeculativeGenerator(target, draft_model, nodes=nodes, threshold=0.5, max_depth=depth)
@@ -56,7 +56,13 @@ def measure(kind: str, nodes: int, depth: int, sample: bool, new_tokens: int = 1
     with OverheadCounter(target, *modules) as counter:
         gen.generate(PROMPT, max_new_tokens=new_tokens, **kwargs)
     steps = gen.last_stats.steps
-    return counter.mean(), sum(s.tree_depth for s in steps) / max(len(steps), 1)
+    if sample:
+        kwargs["generator"] = torch.Generator().manual_seed(seed)
+    with OverheadCounter(target, *modules, count=False) as clock:
+        gen.generate(PROMPT, max_new_tokens=new_tokens, **kwargs)
+    counts = counter.mean()
+    counts.host_ms = clock.mean().host_ms
+    return counts, sum(s.tree_depth for s in steps) / max(len(steps), 1)
 
 
 def main(argv=None) -> None:

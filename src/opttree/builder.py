@@ -15,6 +15,7 @@ whose output is not used (the newest layer is expanded only if the tree grows ag
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -44,7 +45,7 @@ class BuiltTree:
     # the draft's q for the children of the root (key -1) and of each expanded tree node
     # (key = tree index): [vocab] float each; what sampling verifiers need. Builders that grow by
     # layers record ``layers`` instead and the dict is made on first use (a host read).
-    draft_probs: dict[int, torch.Tensor] = field(default_factory=dict)
+    draft_probs: Mapping[int, torch.Tensor] = field(default_factory=dict)
     depth: int | None = None  # the deepest node's depth, when the builder knows it without a host read
     layers: list["ExpandedLayer"] = field(default_factory=list)
 
@@ -61,56 +62,32 @@ class ExpandedLayer:
     probs: torch.Tensor
 
 
-class LazyDraftProbs(dict):
-    """BuiltTree.draft_probs made from its ``layers`` when first read (tree index -> [vocab] q)."""
+class LazyDraftProbs(Mapping):
+    """BuiltTree.draft_probs made from its ``layers`` when first read (tree index -> [vocab] q):
+    a host read of the pool ids, which only the sampling verifiers pay."""
 
     def __init__(self, built: BuiltTree):
-        super().__init__()
         self.built = built
-        self.filled = False
+        self._dict: dict[int, torch.Tensor] | None = None
 
-    def _fill(self):
-        if not self.filled:
-            self.filled = True
-            built = self.built
-            tree_of_pool = {pid: i for i, pid in enumerate(built.pool_ids.tolist())}
-            self[-1] = built.layers[0].probs[0]
-            for layer in built.layers[1:]:
+    def _filled(self) -> dict[int, torch.Tensor]:
+        if self._dict is None:
+            tree_of_pool = {pid: i for i, pid in enumerate(self.built.pool_ids.tolist())}
+            self._dict = {-1: self.built.layers[0].probs[0]}
+            for layer in self.built.layers[1:]:
                 for pid, q in zip(layer.frontier.tolist(), layer.probs):
                     if pid in tree_of_pool:
-                        self[tree_of_pool[pid]] = q
+                        self._dict[tree_of_pool[pid]] = q
+        return self._dict
 
-    def __getitem__(self, key):
-        self._fill()
-        return super().__getitem__(key)
-
-    def __contains__(self, key):
-        self._fill()
-        return super().__contains__(key)
+    def __getitem__(self, key: int) -> torch.Tensor:
+        return self._filled()[key]
 
     def __iter__(self):
-        self._fill()
-        return super().__iter__()
+        return iter(self._filled())
 
-    def __len__(self):
-        self._fill()
-        return super().__len__()
-
-    def items(self):
-        self._fill()
-        return super().items()
-
-    def keys(self):
-        self._fill()
-        return super().keys()
-
-    def values(self):
-        self._fill()
-        return super().values()
-
-    def get(self, key, default=None):
-        self._fill()
-        return super().get(key, default)
+    def __len__(self) -> int:
+        return len(self._filled())
 
 
 def best_nodes(path_probs: torch.Tensor, budget: int) -> torch.Tensor:

@@ -84,9 +84,11 @@ class _Ops(TorchDispatchMode):
 
 class OverheadCounter:
     """target: the module whose forward starts each step; others: more modules whose forwards
-    are not counted (the draft model, a feature head)."""
+    are not counted (the draft model, a feature head). count=False: time only (the counting
+    modes run Python for every op, which inflates the host time they would measure)."""
 
-    def __init__(self, target: torch.nn.Module, *others: torch.nn.Module):
+    def __init__(self, target: torch.nn.Module, *others: torch.nn.Module, count: bool = True):
+        self.count = count
         self.target = target
         self.modules = [target, *[m for m in others if isinstance(m, torch.nn.Module)]]
         self.ops = 0
@@ -118,7 +120,7 @@ class OverheadCounter:
         for m in self.modules:
             self._hooks.append(m.register_forward_pre_hook(self._pre))
             self._hooks.append(m.register_forward_hook(self._post))
-        self._modes = [_Reads(self), _Ops(self)]
+        self._modes = [_Reads(self), _Ops(self)] if self.count else []
         for mode in self._modes:
             mode.__enter__()
         return self

@@ -120,27 +120,25 @@ def build_heap_tree(root_probs: torch.Tensor, expand: Expand, config: TreeConfig
 
 def _greedy_path(root_probs: torch.Tensor, expand: Expand, length: int, grow: Grow | None = None):
     """A path of up to ``length`` draft-argmax tokens: (pool, q_of_pool, forwards); the tip not
-    expanded. grow: asked before each draft forward (None: always)."""
+    expanded. grow: asked before each draft forward (None: always). One host read per token
+    (whether its p̂ is still positive)."""
+    device = root_probs.device
     q_of_pool = {-1: root_probs}
-    q, tokens, probs, p = root_probs, [], [], 1.0
-    pool = DraftTree.empty(root_probs.device)
-    forwards = 0
+    q, pool, forwards = root_probs, DraftTree.empty(device, root_probs.dtype), 0
     for i in range(length):
         if i > 0:
             if grow is not None and not grow(LayerState(pool.path_probs, pool.parents, i - 1, 1)):
                 break
-            q = expand(pool, torch.tensor([i - 1], device=pool.tokens.device))[0]
+            q = expand(pool, torch.arange(i - 1, i, device=device))[0]
             forwards += 1
             q_of_pool[i - 1] = q
-        token = int(torch.argmax(q))
-        p *= float(q[token])
-        if p <= 0:
+        best = q.max(dim=0)  # ties: the first maximal token, as argmax
+        p = best.values.to(pool.path_probs.dtype).view(1) * (pool.path_probs[i - 1] if i else 1.0)  # [1]
+        if float(p) <= 0:
             break
-        tokens.append(token)
-        probs.append(p)
-        pool = DraftTree(torch.tensor(tokens, device=root_probs.device),
-                         torch.arange(-1, len(tokens) - 1, device=root_probs.device),
-                         torch.tensor(probs, dtype=root_probs.dtype, device=root_probs.device))
+        token = best.indices.view(1)
+        pool = (DraftTree.first_layer(token, p) if i == 0
+                else pool.extend(token, torch.full((1,), i - 1, dtype=torch.long, device=device), p))
     return pool, q_of_pool, forwards
 
 
@@ -152,8 +150,8 @@ def build_chain(root_probs: torch.Tensor, expand: Expand, config: TreeConfig, ma
     if length < 1:
         return _empty(root_probs.device)
     pool, q_of_pool, forwards = _greedy_path(root_probs, expand, length, grow)
-    keep = torch.arange(len(pool), device=pool.tokens.device)
-    return from_pool(pool, keep, q_of_pool, [pool.expected_length], forwards)
+    ids = torch.arange(len(pool), device=pool.tokens.device)
+    return BuiltTree(pool, ids, [pool.expected_length], forwards, q_of_pool, depth=len(pool))
 
 
 def _graft(stem: DraftTree, sub: DraftTree) -> DraftTree:
