@@ -610,7 +610,7 @@ def calibrate(target, drafter=None, new_drafter: Callable[[], object] | None = N
     if mode == "refresh" or digest not in _PAIRS:
         latency = read_cached(key, folder) if mode == "on" else None
         if latency is None:
-            with fast_linear.weight_major():  # as the decoding loops run (integration.py)
+            with fast_linear.weight_major(target, drafter):  # as the decoding loops run (integration.py)
                 latency = measure(target, new_drafter, prefix)
             if mode != "off":
                 write_cached(key, latency, folder)
