@@ -104,6 +104,20 @@ def test_linears_go_weight_major_only_in_the_thread_of_an_open_block(monkeypatch
     assert callers == ["a", "b"]  # one product each, inside its own block; none from main
 
 
+def test_tensor_subclasses_with_their_own_torch_function_pass_through(monkeypatch):
+    class Tagged(torch.Tensor):
+        pass
+
+    monkeypatch.setenv("OPTTREE_WEIGHT_MAJOR", "on")
+    callers = count_weight_major_calls(monkeypatch)
+    x, w = torch.randn(2, 16), torch.randn(24, 16)
+    with weight_major():
+        out = torch.nn.functional.linear(x.as_subclass(Tagged), w)
+        assert callers == [] and type(out) is Tagged
+        torch.nn.functional.linear(x, w)  # control: a plain tensor is taken
+    assert callers == ["MainThread"]
+
+
 def count_weight_major_calls(monkeypatch) -> list[str]:
     """The names of the threads that take the weight-major path from now on, one per product."""
     callers = []

@@ -69,7 +69,13 @@ _linear = F_LINEAR  # the stock path (tests swap it to count its calls)
 _lock = threading.Lock()  # guards _faster and _trials: decodes in several threads share them
 _faster: dict[Key, bool] = {}  # key -> weight-major was faster
 _trials: dict[Key, tuple[list[float], list[float]]] = {}  # key -> seconds of (F.linear, weight-major) runs
-_this_thread = threading.local()  # .open: this thread's open blocks that pushed the mode
+
+
+class _ThreadState(threading.local):
+    open = False  # this thread has a block open that pushed the mode
+
+
+_this_thread = _ThreadState()
 
 _ALIASES = {"0": "off", "false": "off", "no": "off", "1": "on", "true": "on", "yes": "on"}
 
@@ -91,7 +97,7 @@ def decisions() -> dict[Key, bool]:
 
 def active() -> bool:
     """Whether this thread's linears currently go through :func:`weight_major_linear`."""
-    return getattr(_this_thread, "open", 0) > 0
+    return _this_thread.open
 
 
 def helps(*models) -> bool:
@@ -163,15 +169,17 @@ def weight_major_linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.T
 
 
 class WeightMajorMode(TorchFunctionMode):
-    """This thread's ``F.linear`` calls through :func:`weight_major_linear`; every other torch call
-    unchanged. Torch pops the mode while its handler runs, so the products inside do not recurse."""
+    """This thread's ``F.linear`` calls on plain tensors through :func:`weight_major_linear`; every
+    other torch call, and a linear involving a tensor subclass with its own ``__torch_function__``
+    (``types`` not empty), unchanged. Torch pops the mode while its handler runs, so the products
+    inside do not recurse."""
 
     def __init__(self, auto: bool):
         super().__init__()
         self.auto = auto
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if func is F_LINEAR:
+        if func is F_LINEAR and not types:
             return weight_major_linear(*args, **(kwargs or {}), auto=self.auto)
         return func(*args, **(kwargs or {}))
 
@@ -185,9 +193,9 @@ def weight_major(*models, on: bool = True):
     if not on or chosen == "off" or active() or (models and not helps(*models)):
         yield
         return
-    _this_thread.open = 1
+    _this_thread.open = True
     try:
         with WeightMajorMode(auto=chosen == "auto"):
             yield
     finally:
-        _this_thread.open = 0
+        _this_thread.open = False
