@@ -9,7 +9,7 @@ import torch
 
 from models import peaked, tiny_model
 from opttree import TreeConfig, speculative_generate
-from opttree import budget, integration
+from opttree import budget, calibration, integration
 from opttree.budget import (AutoPolicy, FixedPolicy, LatencyModel, LatencyTable, LayerState, StepPlan, best_choice,
                             best_size,
                             expected_speed, layer_pays, layer_width, next_layer_guess)
@@ -37,6 +37,78 @@ def step(tree_size=8, verify=0.1, layers=(), root=0.0):
     return StepStats(tree_size=tree_size, tree_depth=1, expected_length=0.0, accepted=0, emitted=1,
                      draft_forwards=len(layers), draft_seconds=root + sum(s for _, s in layers), verify_seconds=verify,
                      root_seconds=root, layers=[LayerTiming(w, s) for w, s in layers])
+
+
+# ---------------------------------------------------------------------------------------------
+# the modules: budget is a facade over plan (the seam), latency and calibration
+
+
+OLD_NAMES = ['AUTO_MAX_NODES', 'AffineFit', 'AutoPolicy', 'BudgetPolicy', 'CALIBRATION_PREFIX', 'CALIBRATION_VERSION',
+             'DRAFT_WIDTHS', 'FixedPolicy', 'LatencyModel', 'LatencyTable', 'LayerState', 'MIN_CALIBRATION_PREFIX',
+             'MIN_WIDTH', 'REFRESH', 'REPEATS', 'SIZE_REFRESH', 'START_SIZE', 'StepPlan', 'VERIFY_SIZES',
+             'WIDTH_PER_NODE', 'best_choice', 'best_size', 'cache_dir', 'cache_mode', 'calibrate', 'calibration_key',
+             'calibration_prefix', 'clear_calibrations', 'drafter_fingerprint', 'expected_speed', 'from_json',
+             'known_latency', 'layer_pays', 'layer_width', 'lower_envelope', 'make_policy', 'measure',
+             'measure_drafter', 'measure_verify', 'model_fingerprint', 'next_layer_guess', 'read_cached', 'to_json',
+             'write_cached']  # every public name budget.py defined before the split
+
+
+def test_budget_still_offers_every_old_name_from_its_new_home():
+    from opttree import latency as latency_module
+    from opttree import plan
+
+    assert sorted(budget.__all__) == sorted(OLD_NAMES)
+    for name in OLD_NAMES:
+        homes = [m for m in (plan, latency_module, calibration) if name in m.__all__]
+        assert len(homes) == 1, name  # offered by exactly one module
+        assert getattr(budget, name) is getattr(homes[0], name)
+        assert getattr(getattr(budget, name), "__module__", homes[0].__name__) == homes[0].__name__  # defined there
+    assert sorted(plan.__all__) == ["BudgetPolicy", "FixedPolicy", "LayerState", "StepPlan"]
+
+
+def test_the_plan_seam_imports_nothing_heavy():
+    """Builders import the seam: at run time it needs only the standard library and opttree.config."""
+    import ast
+    from pathlib import Path
+
+    from opttree import config, plan
+
+    def runtime_imports(path):
+        tree = ast.parse(Path(path).read_text())
+        for node in tree.body:  # top level only; `if TYPE_CHECKING:` blocks are not run
+            if isinstance(node, ast.Import):
+                yield from (a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                yield "." * node.level + (node.module or "")
+
+    assert set(runtime_imports(plan.__file__)) == {"__future__", "dataclasses", "typing", ".config"}
+    assert set(runtime_imports(config.__file__)) <= {"__future__", "dataclasses", "math"}
+    assert "torch" in set(runtime_imports(calibration.__file__))  # the check can see an import (control)
+
+
+def test_refreshing_one_latency_model_from_several_threads_neither_deadlocks_nor_drifts():
+    """AutoPolicy.observe holds the model's lock and calls LatencyModel.observe, which takes it again
+    (a plain Lock would hang here); the shared model still learns what every thread measured."""
+    import threading
+
+    lat = latency(CPU_LIKE, layer=0.01)
+    policies = [AutoPolicy(TreeConfig(nodes="auto"), lat, clock=lambda: 0.0) for _ in range(4)]
+    barrier = threading.Barrier(4)
+
+    def run(policy):
+        barrier.wait(5)
+        for _ in range(300):
+            policy.observe(step(tree_size=8, verify=2 * 0.145, layers=[(8, 0.03)], root=0.02))
+
+    threads = [threading.Thread(target=run, args=(p,)) for p in policies]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not any(t.is_alive() for t in threads)
+    assert lat.verify_scale == pytest.approx(2.0, rel=1e-3) and lat.layer_time(8) == pytest.approx(0.03, rel=1e-3)
+    assert lat.verify_fit.w == pytest.approx(1.0) and lat.lock.acquire(blocking=False)  # no lock left held
+    lat.lock.release()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -369,8 +441,8 @@ def pair():
 @pytest.fixture
 def count_measures(monkeypatch):
     calls = []
-    real = budget.measure
-    monkeypatch.setattr(budget, "measure", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = calibration.measure  # where calibrate() looks it up (budget only re-exports it)
+    monkeypatch.setattr(calibration, "measure", lambda *a, **k: calls.append(1) or real(*a, **k))
     budget.clear_calibrations()
     yield calls
     budget.clear_calibrations()
@@ -404,12 +476,57 @@ def test_calibration_is_written_reused_and_invalidated_on_disk(pair, tmp_path, c
     assert len(count_measures) == 4 and len(list(tmp_path.glob("*.json"))) == 3
 
 
+def test_concurrent_auto_calls_measure_each_pair_once_and_one_at_a_time(pair, tmp_path, monkeypatch):
+    """Several threads asking for calibrations at once (two of them for each of two pairs): each pair
+    is measured once, never two measurements at the same time, and every caller of a pair gets its
+    one shared model."""
+    import threading
+    import time
+
+    target, drafter, new_drafter = pair
+    other = ModelDrafter(tiny_model("llama", seed=1, layers=2))
+    running, overlaps, measured = [0], [], []
+
+    def slow_measure(target, new_drafter, prefix):  # a fake measurement long enough for the threads to race
+        running[0] += 1
+        overlaps.append(running[0])
+        time.sleep(0.2)
+        measured.append(new_drafter)
+        running[0] -= 1
+        return latency(CPU_LIKE)
+
+    monkeypatch.setattr(calibration, "measure", slow_measure)
+    calibration.clear_calibrations()
+    barrier = threading.Barrier(6)
+    got, errors = {}, []
+    which = [(drafter, new_drafter), (other, None)] * 3
+
+    def call(i):
+        try:
+            barrier.wait(5)
+            d, nd = which[i]
+            got[i] = calibration.calibrate(target, d, nd, folder=tmp_path, mode="off")
+        except Exception as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    calibration.clear_calibrations()
+    assert not errors and len(got) == 6
+    assert len(measured) == 2 and max(overlaps) == 1  # once per pair, one at a time
+    assert all(got[i] is got[0] for i in (2, 4)) and all(got[i] is got[1] for i in (3, 5))
+    assert got[0] is not got[1]
+
+
 def test_calibration_off_never_touches_the_disk_and_bad_files_are_ignored(pair, tmp_path, count_measures):
     target, drafter, new_drafter = pair
     budget.calibrate(target, drafter, new_drafter, folder=tmp_path / "off", mode="off")
     assert not (tmp_path / "off").exists()
     key = budget.calibration_key(target, drafter)
-    (tmp_path / f"{budget._digest(key)}.json").write_text("{not json")
+    (tmp_path / f"{calibration._digest(key)}.json").write_text("{not json")
     budget.clear_calibrations()
     budget.calibrate(target, drafter, new_drafter, folder=tmp_path, mode="on")
     assert len(count_measures) == 2
@@ -430,10 +547,10 @@ def test_cache_location_and_mode_come_from_the_environment(monkeypatch, tmp_path
 
 def test_calibration_fits_the_context_or_refuses_auto(pair):
     target, drafter, new_drafter = pair
-    assert budget.calibration_prefix(target) == 256 - budget._ROOM  # tiny models: 256 positions
+    assert budget.calibration_prefix(target) == 256 - calibration._ROOM  # tiny models: 256 positions
     drafter.context_length = 200
-    assert budget.calibration_prefix(target, drafter) == 200 - budget._ROOM
-    target.config.max_position_embeddings = budget._ROOM + budget.MIN_CALIBRATION_PREFIX - 1
+    assert budget.calibration_prefix(target, drafter) == 200 - calibration._ROOM
+    target.config.max_position_embeddings = calibration._ROOM + budget.MIN_CALIBRATION_PREFIX - 1
     with pytest.raises(ValueError, match="context"):
         budget.make_policy(TreeConfig(nodes="auto"), target, drafter, new_drafter)
 

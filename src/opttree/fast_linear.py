@@ -14,29 +14,38 @@ SmolLM2-135M (fp32, 2 threads, 256-token cache), one forward of n new tokens, me
 | ``F.linear`` | 44.3 | 66.9 | 81.7 | 59.5 | 59.1 | 66.2 | 59.9 | 74.1 |
 | weight-major | 25.6 | 27.6 | 32.3 | 29.2 | 44.4 | 51.0 | 73.7 | 66.9 |
 
-so it is used up to :data:`MAX_ROWS` rows. ``weight_major()`` routes ``torch.nn.functional.linear``
-(which every ``nn.Linear`` calls) through :func:`weight_major_linear` while its ``with`` block runs
-(opttree's decoding loops and its latency calibration run inside one). Float32 CPU inputs of
-1..MAX_ROWS rows may take the weight-major path (below); every other call passes through
-unchanged. Results agree with ``F.linear`` to float32 rounding, as any two GEMM kernels do; the
-greedy-equality tests and benchmarks run with it on.
+so it is used up to :data:`MAX_ROWS` rows. Inside a ``with weight_major(*models):`` block, the
+calls to ``torch.nn.functional.linear`` (which every ``nn.Linear`` makes) that THIS thread makes go
+through :func:`weight_major_linear`: the block pushes a ``torch.overrides.TorchFunctionMode``, and
+torch keeps those modes per thread. Nothing of torch is replaced: other threads (a user's own code
+beside a decode running in ``Thread(target=model.generate)``) keep the stock path, and a patch of
+``torch.nn.functional.linear`` made by anyone, before or during the block, stays in place (a
+patched function that calls the original is still seen by the mode). The block does nothing when
+none of ``models`` holds a float32 weight matrix on the CPU (a GPU or bf16 model); with no models
+at all it always applies (plain decoding: ``with weight_major(): model.generate(...)``).
+Float32 CPU inputs of 1..MAX_ROWS rows may take the weight-major path (below); every other call
+passes through unchanged. Results agree with ``F.linear`` to float32 rounding, as any two GEMM
+kernels do; the greedy-equality tests and benchmarks run with it on.
+
+What the mode catches: every ``nn.Linear`` (Llama, Qwen, Mistral, Gemma, Phi, OPT, every LM head).
+GPT-2's ``Conv1D`` layers call ``torch.addmm`` with a [in, out] weight, which the mode passes through
+unchanged (GPT-2 gains only in its LM head). The price: while a block is open, every torch call of
+the thread goes through the mode's Python handler, 1–2 µs each (a micro-benchmark on the project's
+loaded 2-core machine; a SmolLM2-135M forward makes about 2,300 torch calls, so an estimated 2–4 ms
+of a ~24 ms forward), which is why the block stays off for models it cannot help.
 
 The one-row case makes plain decoding faster too: ``with weight_major(): model.generate(...)``.
 The benchmark's ``plain-wm`` method measures exactly that, so opttree's speed-up can be read
 without this kernel's share.
 
 Other CPUs and BLAS builds may not gain, so by default (``OPTTREE_WEIGHT_MAJOR=auto``) the
-first ``2 * TRIALS`` products of each (rows, out, in) in the process alternate between the two
-paths, timed where they run, and the faster median is taken from then on (:func:`decisions` shows
-the choices). They are timed inside the model's forward on purpose: there the weights come from
+first ``2 * TRIALS`` products of each (torch threads, rows, out, in) in the process alternate between
+the two paths, timed where they run, and the faster median is taken from then on (:func:`decisions`
+shows the choices). They are timed inside the model's forward on purpose: there the weights come from
 memory, as in decoding. Timed alone, with its weight hot in cache, a one-row product favours
 ``F.linear`` (19 µs vs 27 µs for a 576×576 weight here), the opposite of what a decoding step sees.
 ``OPTTREE_WEIGHT_MAJOR=on`` skips the trials and always takes the weight-major path; ``off``
-leaves ``F.linear`` alone.
-
-The patch is process-wide while any block is open (a linear in another thread then takes the same
-path, with the same results); nested and concurrent blocks are counted, so the original function
-is back once the last one closes.
+leaves ``F.linear`` alone (no mode is pushed).
 """
 
 from __future__ import annotations
@@ -48,16 +57,25 @@ import threading
 import time
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 MAX_ROWS = 8  # beyond this F.linear was as fast or faster (table above)
+TRIALS = 3  # timed runs of each path per (threads, rows, out, in) before "auto" picks one
 
-_linear = torch.nn.functional.linear
-_lock = threading.Lock()
-_open_blocks = 0
-_timing = True  # "auto": pick the path per shape by timing both (set when a block opens)
-TRIALS = 3  # timed runs of each path per (rows, out, in) before "auto" picks one
-_faster: dict[tuple[int, int, int], bool] = {}  # (rows, out, in) -> weight-major was faster
-_trials: dict[tuple[int, int, int], tuple[list[float], list[float]]] = {}
+Key = tuple[int, int, int, int]  # (torch threads, rows, out, in)
+
+F_LINEAR = torch._C._nn.linear  # the builtin behind torch.nn.functional.linear: what the mode looks for
+_linear = F_LINEAR  # the stock path (tests swap it to count its calls)
+_lock = threading.Lock()  # guards _faster and _trials: decodes in several threads share them
+_faster: dict[Key, bool] = {}  # key -> weight-major was faster
+_trials: dict[Key, tuple[list[float], list[float]]] = {}  # key -> seconds of (F.linear, weight-major) runs
+
+
+class _ThreadState(threading.local):
+    open = False  # this thread has a block open that pushed the mode
+
+
+_this_thread = _ThreadState()
 
 _ALIASES = {"0": "off", "false": "off", "no": "off", "1": "on", "true": "on", "yes": "on"}
 
@@ -71,9 +89,22 @@ def mode() -> str:
     return value
 
 
-def decisions() -> dict[tuple[int, int, int], bool]:
-    """The choices made so far in ``auto`` mode: ``{(rows, out, in): weight-major was faster}``."""
-    return dict(_faster)
+def decisions() -> dict[Key, bool]:
+    """The choices made so far in ``auto`` mode: ``{(threads, rows, out, in): weight-major was faster}``."""
+    with _lock:
+        return dict(_faster)
+
+
+def active() -> bool:
+    """Whether this thread's linears currently go through :func:`weight_major_linear`."""
+    return _this_thread.open
+
+
+def helps(*models) -> bool:
+    """Whether any of ``models`` (``torch.nn.Module``; anything else holds no weights of its own
+    here and is skipped) has a float32 weight matrix on the CPU, i.e. linears the kernel can take."""
+    return any(p.dim() == 2 and p.dtype == torch.float32 and p.device.type == "cpu"
+               for m in models if isinstance(m, torch.nn.Module) for p in m.parameters())
 
 
 def _weight_major_mm(flat: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -84,31 +115,49 @@ def _weight_major_mm(flat: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return torch.mm(weight, flat.T).T[:rows]
 
 
-def _trial(key: tuple[int, int, int], flat: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """One product ``flat @ weight.T`` [rows, out] taken by the path with fewer timed runs so far for
-    ``key``; after TRIALS runs of each, the faster median is recorded in ``_faster``."""
-    times = _trials.setdefault(key, ([], []))  # seconds of (F.linear, weight-major) runs
-    ours = len(times[1]) < len(times[0])
+def _record(key: Key, ours: bool, seconds: float) -> None:
+    """Add one timed run of a path; after TRIALS runs of each, the faster median goes to ``_faster``.
+    A run that finishes after another thread decided ``key`` is dropped."""
+    with _lock:
+        if key in _faster:
+            return
+        times = _trials.setdefault(key, ([], []))
+        times[ours].append(seconds)
+        if min(len(times[0]), len(times[1])) >= TRIALS:
+            _faster[key] = statistics.median(times[1]) < statistics.median(times[0])
+            del _trials[key]
+
+
+def _next_is_ours(key: Key) -> bool:
+    """The path with fewer timed runs so far for ``key`` (F.linear first)."""
+    with _lock:
+        times = _trials.get(key, ((), ()))
+        return len(times[1]) < len(times[0])
+
+
+def _trial(key: Key, flat: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """One product ``flat @ weight.T`` [rows, out], timed, by the path with fewer runs for ``key``."""
+    ours = _next_is_ours(key)
     t = time.perf_counter()
     out = _weight_major_mm(flat, weight) if ours else _linear(flat, weight)
-    times[ours].append(time.perf_counter() - t)
-    if min(len(times[0]), len(times[1])) >= TRIALS:
-        _faster[key] = statistics.median(times[1]) < statistics.median(times[0])
-        _trials.pop(key, None)
+    _record(key, ours, time.perf_counter() - t)
     return out
 
 
-def weight_major_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` [..., out]; for float32 CPU inputs of 1..MAX_ROWS rows it is
-    computed as ``(weight @ x.T).T`` (in ``auto`` mode: where that was timed faster)."""
+def weight_major_linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+                        auto: bool = True) -> torch.Tensor:
+    """``F.linear(input, weight, bias)`` [..., out] (same argument names); for float32 CPU inputs of
+    1..MAX_ROWS rows it is computed as ``(weight @ input.T).T`` (with ``auto``: where that was timed
+    faster, at this thread count)."""
+    x = input
     rows = x.numel() // x.shape[-1] if x.dim() and x.shape[-1] else 0
     if (not 1 <= rows <= MAX_ROWS or x.device.type != "cpu" or x.dtype != torch.float32
             or weight.dtype != torch.float32 or weight.dim() != 2):
         return _linear(x, weight, bias)
     flat = x.reshape(rows, -1)  # [rows, in]
-    if _timing:
-        key = (rows, *weight.shape)
-        won = _faster.get(key)
+    if auto:
+        key = (torch.get_num_threads(), rows, *weight.shape)
+        won = _faster.get(key)  # one dict read, atomic: no lock on the hot path
         if won is False:
             return _linear(x, weight, bias)
         out = _trial(key, flat, weight) if won is None else _weight_major_mm(flat, weight)
@@ -119,23 +168,34 @@ def weight_major_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
     return out.contiguous().reshape(*x.shape[:-1], weight.shape[0])
 
 
+class WeightMajorMode(TorchFunctionMode):
+    """This thread's ``F.linear`` calls on plain tensors through :func:`weight_major_linear`; every
+    other torch call, and a linear involving a tensor subclass with its own ``__torch_function__``
+    (``types`` not empty), unchanged. Torch pops the mode while its handler runs, so the products
+    inside do not recurse."""
+
+    def __init__(self, auto: bool):
+        super().__init__()
+        self.auto = auto
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is F_LINEAR and not types:
+            return weight_major_linear(*args, **(kwargs or {}), auto=self.auto)
+        return func(*args, **(kwargs or {}))
+
+
 @contextlib.contextmanager
-def weight_major(on: bool = True):
-    """Within the block, ``torch.nn.functional.linear`` is :func:`weight_major_linear` (unless
-    ``on`` is False or ``OPTTREE_WEIGHT_MAJOR=off``)."""
-    global _open_blocks, _timing
+def weight_major(*models, on: bool = True):
+    """Within the block, this thread's ``F.linear`` calls go through :func:`weight_major_linear`,
+    unless ``on`` is False, ``OPTTREE_WEIGHT_MAJOR=off``, or ``models`` are given and none of them
+    has a float32 CPU weight (:func:`helps`). A block opened inside another of this thread adds nothing."""
     chosen = mode()
-    if not on or chosen == "off":
+    if not on or chosen == "off" or active() or (models and not helps(*models)):
         yield
         return
-    with _lock:
-        _open_blocks += 1
-        _timing = chosen == "auto"
-        torch.nn.functional.linear = weight_major_linear
+    _this_thread.open = True
     try:
-        yield
+        with WeightMajorMode(auto=chosen == "auto"):
+            yield
     finally:
-        with _lock:
-            _open_blocks -= 1
-            if _open_blocks == 0:
-                torch.nn.functional.linear = _linear
+        _this_thread.open = False

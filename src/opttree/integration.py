@@ -60,7 +60,7 @@ def _decode(model, draft_model, config: TreeConfig, input_ids, logits_processor,
         kv_cache.check_cache(drafter.cache, total)
     if streamer is not None:
         streamer.put(input_ids.cpu())
-    with torch.inference_mode(), weight_major():  # few-row linears, faster on CPUs (fast_linear)
+    with torch.inference_mode(), weight_major(model, draft_model):  # few-row fp32 CPU linears (fast_linear)
         result = speculative_decode(
             model, drafter, input_ids, cache, logits_processor, stopping_criteria, config,
             max_length=max_length,
@@ -96,7 +96,7 @@ def _decode_batch(model, drafter, config: TreeConfig, input_ids, attention_mask,
     kv_cache.check_cache(cache, total)
     kv_cache.check_cache(drafter.cache, total)
     pad = generation_config._pad_token_tensor
-    with torch.inference_mode(), weight_major():
+    with torch.inference_mode(), weight_major(model, drafter.model):
         result = speculative_decode_batch(
             model, drafter, input_ids, attention_mask, cache, logits_processor, stopping_criteria, config,
             max_length=max_length,

@@ -16,8 +16,9 @@ From Python, with models already loaded::
 
 from .methods import METHODS, Generated, Method, make_methods, parse_tree_spec
 from .questions import TASKS, Question, load_questions, select_questions
-from .report import BenchResult, Summary, summarise
-from .runner import TurnRecord, run_bench
+from .records import Summary, TurnRecord, summarise
+from .report import BenchResult
+from .runner import run_bench
 
 __all__ = [
     "BenchResult", "Generated", "METHODS", "Method", "Question", "Summary", "TASKS", "TurnRecord",

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .report import ALL, BenchResult
-from .runner import REFERENCE
+from .records import ALL, REFERENCE, Results
 
 
 def _plt():
@@ -25,7 +24,7 @@ def _save(plt, fig, path: Path) -> Path:
     return path
 
 
-def plot_speedup(result: BenchResult, path: Path) -> Path:
+def plot_speedup(result: Results, path: Path) -> Path:
     plt = _plt()
     summaries = [s for s in result.summaries() if s.method != REFERENCE]
     groups = list(dict.fromkeys(s.group for s in summaries))
@@ -51,7 +50,7 @@ def plot_speedup(result: BenchResult, path: Path) -> Path:
     return _save(plt, fig, path)
 
 
-def plot_accept_lengths(result: BenchResult, path: Path) -> Path:
+def plot_accept_lengths(result: Results, path: Path) -> Path:
     plt = _plt()
     methods = [m for m in result.methods if m != REFERENCE]
     lengths = {m: [a for r in result.records if r.method == m for a in r.accept_lengths] for m in methods}
@@ -74,7 +73,7 @@ def plot_accept_lengths(result: BenchResult, path: Path) -> Path:
     return _save(plt, fig, path)
 
 
-def plot_expected(result: BenchResult, path: Path) -> Path | None:
+def plot_expected(result: Results, path: Path) -> Path | None:
     from ..viz import plot_expected_vs_accepted
 
     methods = [m for m in result.methods if any(r.method == m and r.expected_lengths for r in result.records)]
@@ -91,7 +90,7 @@ def plot_expected(result: BenchResult, path: Path) -> Path | None:
     return _save(plt, fig, path)
 
 
-def write_plots(result: BenchResult, out_dir: str | Path) -> dict[str, Path]:
+def write_plots(result: Results, out_dir: str | Path) -> dict[str, Path]:
     out = Path(out_dir)
     written = {"speedup_plot": plot_speedup(result, out / "speedup_by_category.png"),
                "accept_plot": plot_accept_lengths(result, out / "accept_lengths.png")}

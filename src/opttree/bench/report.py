@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -24,70 +23,8 @@ from pathlib import Path
 
 import torch
 
-from .runner import REFERENCE, TurnRecord
-
-ALL = "all"
-
-
-@dataclass(frozen=True)
-class Summary:
-    group: str
-    method: str
-    turns: int
-    new_tokens: int
-    wall_time: float
-    tokens_per_second: float
-    speedup: float  # Σ plain time / Σ method time
-    median_speedup: float  # median over turns of plain time / method time
-    tau: float  # mean tokens per decoding step
-    step_cost: float  # mean time of one decoding step / plain's mean time per token: speedup = τ / step_cost
-    equal: int  # turns whose tokens equal plain generate()'s
-    mean_expected_length: float | None = None  # opttree: mean E(A) per step
-    mean_tree_size: float | None = None
-    draft_share: float | None = None  # opttree: drafting time / (drafting + verifying)
-
-    @property
-    def ok(self) -> bool:
-        return self.equal == self.turns
-
-
-def _summary(group: str, method: str, mine: list[TurnRecord], plain: dict) -> Summary:
-    time_sum = sum(r.wall_time for r in mine)
-    plain_sum = sum(plain[(r.question_index, r.turn)].wall_time for r in mine)
-    tokens = sum(r.new_tokens for r in mine)
-    steps = sum(r.steps for r in mine)
-    plain_tokens = sum(plain[(r.question_index, r.turn)].new_tokens for r in mine)
-    plain_per_token = plain_sum / plain_tokens if plain_tokens else float("nan")
-    ratios = [plain[(r.question_index, r.turn)].wall_time / r.wall_time for r in mine if r.wall_time > 0]
-    expected = [e for r in mine for e in r.expected_lengths]
-    sizes = [s for r in mine for s in r.tree_sizes]
-    draft = sum(r.draft_seconds or 0.0 for r in mine)
-    verify = sum(r.verify_seconds or 0.0 for r in mine)
-    return Summary(
-        group=group, method=method, turns=len(mine), new_tokens=tokens, wall_time=time_sum,
-        tokens_per_second=tokens / time_sum if time_sum > 0 else float("nan"),
-        speedup=plain_sum / time_sum if time_sum > 0 else float("nan"),
-        median_speedup=statistics.median(ratios) if ratios else float("nan"),
-        tau=tokens / steps if steps else float("nan"),
-        step_cost=time_sum / steps / plain_per_token if steps and plain_per_token > 0 else float("nan"),
-        equal=sum(1 for r in mine if r.matches_plain is not False),
-        mean_expected_length=sum(expected) / len(expected) if expected else None,
-        mean_tree_size=sum(sizes) / len(sizes) if sizes else None,
-        draft_share=draft / (draft + verify) if draft + verify > 0 else None,
-    )
-
-
-def summarise(records: list[TurnRecord], methods: list[str]) -> list[Summary]:
-    """One Summary per (group, method), groups in first-seen order, then the ``all`` rows."""
-    plain = {(r.question_index, r.turn): r for r in records if r.method == REFERENCE}
-    groups = list(dict.fromkeys(r.group for r in records))
-    out = []
-    for group in groups + [ALL]:
-        for method in methods:
-            mine = [r for r in records if r.method == method and group in (ALL, r.group)]
-            if mine:
-                out.append(_summary(group, method, mine, plain))
-    return out
+from .plots import write_plots
+from .records import ALL, REFERENCE, Summary, TurnRecord, summarise
 
 
 def _cpu_name() -> str:
@@ -281,8 +218,6 @@ class BenchResult:
         written["summary"].write_text(self.markdown())
         written["header"].write_text(json.dumps(self.header, indent=2, default=str) + "\n")
         if plots:
-            from .plots import write_plots
-
             written.update(write_plots(self, out))
         return written
 

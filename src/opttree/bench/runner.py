@@ -11,46 +11,16 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import torch
 
 from .methods import Method, make_methods
 from .questions import Question, as_question, prompt_ids
+from .records import REFERENCE, TurnRecord
+from .report import BenchResult, environment
 
 logger = logging.getLogger(__name__)
-
-REFERENCE = "plain"
-
-
-@dataclass
-class TurnRecord:
-    """One method on one turn of one question (Spec-Bench's per-turn fields and ours)."""
-
-    method: str
-    question_id: int | str
-    category: str
-    group: str
-    turn: int  # 0-based
-    question_index: int  # position in the run (question ids need not be unique)
-    prompt_tokens: int
-    new_tokens: int
-    wall_time: float  # seconds of the generate() call
-    accept_lengths: list[int]  # tokens per decoding step (accepted + bonus)
-    tokens: list[int] = field(default_factory=list)  # the new token ids
-    text: str = ""
-    matches_plain: bool | None = None  # None for the reference itself
-    first_mismatch: int | None = None  # index of the first new token that differs from plain's
-    expected_lengths: list[float] = field(default_factory=list)  # opttree: E(A) of each step's tree
-    accepted: list[int] = field(default_factory=list)  # opttree: draft tokens accepted per step
-    tree_sizes: list[int] = field(default_factory=list)  # opttree: nodes verified per step
-    draft_seconds: float | None = None  # opttree: time spent drafting
-    verify_seconds: float | None = None  # opttree: time spent verifying
-
-    @property
-    def steps(self) -> int:
-        return len(self.accept_lengths)
 
 
 def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
@@ -110,7 +80,7 @@ def run_bench(target, draft, tokenizer, questions: Sequence, *,
               tree: dict | None = None, extra_trees: list[dict] | None = None, prompt_lookup_num_tokens: int = 10,
               num_assistant_tokens: int | None = None, assistant_schedule: str | None = None,
               progress: bool = True, header: dict | None = None, assistant=None,
-              on_record: Callable[[TurnRecord], None] | None = None) -> "BenchResult":
+              on_record: Callable[[TurnRecord], None] | None = None) -> BenchResult:
     """Benchmark already-loaded models on Spec-Bench-style questions; returns a BenchResult.
 
     target, draft: causal LMs (draft may be None if no method needs one, and may be an EAGLE-style
@@ -121,8 +91,6 @@ def run_bench(target, draft, tokenizer, questions: Sequence, *,
     is added first if missing, as every other method is checked against it.
     warmup: runs of every method on the first question's first turn, not recorded.
     """
-    from .report import BenchResult, environment
-
     methods = list(methods)
     names = [m.name if isinstance(m, Method) else m for m in methods]
     if REFERENCE not in names:

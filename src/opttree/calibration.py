@@ -1,0 +1,350 @@
+"""Calibration of the latency model (:class:`~opttree.latency.LatencyModel`) and its on-disk cache.
+
+T(n) is timed on the target for a few n; the drafter is timed through its own protocol
+(``root_probs`` / ``expand`` over w nodes / ``commit``) on a scratch drafter made for the purpose,
+so any Drafter works (a model, prompt lookup, a head drafter). A drafter that cannot be copied
+starts with c = 0 and is learnt from the first steps. Later generate() calls in the process start
+from the model the earlier ones refreshed (one per pair, kept in a process-wide table under a lock;
+one calibration measures at a time, so concurrent ``"auto"`` calls neither time each other nor
+measure the same pair twice).
+Measurements are cached on disk per (target, drafter, device, dtype, torch threads) as JSON under
+``$OPTTREE_CALIBRATION_DIR`` (default ``$OPTTREE_CACHE/calibration``, i.e.
+``~/.cache/opttree/calibration``); ``OPTTREE_CALIBRATION=off`` neither reads nor writes it,
+``OPTTREE_CALIBRATION=refresh`` measures again and overwrites it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from . import fast_linear
+from .config import TreeConfig
+from .latency import AutoPolicy, LatencyModel, LatencyTable
+from .masks import verification_inputs
+from .plan import BudgetPolicy, FixedPolicy
+from .tree import DraftTree
+
+logger = logging.getLogger(__name__)
+
+VERIFY_SIZES = (0, 1, 2, 4, 8, 16, 32, 64)  # tree sizes timed at calibration
+DRAFT_WIDTHS = (1, 2, 4, 8, 16, 32)  # layer widths timed at calibration
+CALIBRATION_PREFIX = 256  # committed tokens under the timed forwards (a chat prompt and some answer)
+MIN_CALIBRATION_PREFIX = 16  # a shorter context cannot be calibrated: "auto" is refused
+REPEATS = 5  # timed rounds per size (after one warm-up round); sizes interleaved within a round
+CALIBRATION_VERSION = 3  # bump when what is measured changes: old files are then ignored
+
+_PAIRS: dict[str, LatencyModel] = {}  # key digest -> the process's (refreshed) model of that pair
+_pairs_lock = threading.Lock()  # guards _PAIRS; held for a dict read or write only
+_measuring = threading.Lock()  # one calibration at a time: concurrent ones would time each other
+
+
+def known_latency(target, drafter=None) -> LatencyModel | None:
+    """This process's (refreshed) LatencyModel of the pair, if it was calibrated; else None."""
+    prefix = calibration_prefix(target, drafter)
+    return None if prefix is None else _remembered(_digest(calibration_key(target, drafter, prefix)))
+
+
+def _remembered(digest: str) -> LatencyModel | None:
+    with _pairs_lock:
+        return _PAIRS.get(digest)
+
+
+def clear_calibrations() -> None:
+    """Forget this process's calibrations (the on-disk cache stays)."""
+    with _pairs_lock:
+        _PAIRS.clear()
+
+
+def model_fingerprint(model) -> dict:
+    """What a model's latency depends on: class, name_or_path, a hash of its config (of its module
+    tree for a plain torch module), size, device and dtype (not its weights)."""
+    config = getattr(model, "config", None)
+    name = getattr(config, "name_or_path", "") or getattr(config, "_name_or_path", "")
+    text = config.to_json_string(use_diff=False) if hasattr(config, "to_json_string") else str(model)
+    first = next(model.parameters(), None)
+    return {
+        "class": type(model).__name__,
+        "name": str(name),
+        "config": hashlib.sha256(text.encode()).hexdigest()[:16],
+        "params": sum(p.numel() for p in model.parameters()),
+        "device": str(getattr(model, "device", None) or (first.device if first is not None else "")),
+        "dtype": str(getattr(model, "dtype", None) or (first.dtype if first is not None else "")),
+    }
+
+
+def _is_drafter(obj) -> bool:
+    return all(hasattr(obj, name) for name in ("root_probs", "expand", "commit"))
+
+
+def drafter_fingerprint(drafter, depth: int = 2) -> dict | None:
+    """A drafter's class, the models it holds and the drafters it wraps (two levels deep)."""
+    if drafter is None:
+        return None
+    parts = vars(drafter) if hasattr(drafter, "__dict__") else {}
+    models = {k: model_fingerprint(v) for k, v in sorted(parts.items()) if isinstance(v, torch.nn.Module)}
+    inner = {k: drafter_fingerprint(v, depth - 1) for k, v in sorted(parts.items())
+             if depth > 0 and _is_drafter(v) and not isinstance(v, torch.nn.Module)}
+    scalars = {k: v for k, v in sorted(parts.items()) if not k.startswith("_") and isinstance(v, (int, float, str))
+               and k not in ("forwards", "prefix_len", "context_length")}  # settings, not running state
+    return {"class": f"{type(drafter).__module__}.{type(drafter).__qualname__}", "models": models,
+            "inner": inner, "settings": scalars}
+
+
+def calibration_key(target, drafter, prefix: int = CALIBRATION_PREFIX) -> dict:
+    """Everything a calibration depends on; its hash names the cache file."""
+    return {
+        "version": CALIBRATION_VERSION,
+        "target": model_fingerprint(target),
+        "drafter": drafter_fingerprint(drafter),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "weight_major": fast_linear.mode(),  # the few-row linear kernel (fast_linear): auto, on or off
+        "verify_sizes": list(VERIFY_SIZES),
+        "draft_widths": list(DRAFT_WIDTHS),
+        "prefix": prefix,
+    }
+
+
+def _digest(key: dict) -> str:
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
+
+
+def cache_dir() -> Path:
+    """``$OPTTREE_CALIBRATION_DIR``, else ``$OPTTREE_CACHE/calibration`` (``~/.cache/opttree/calibration``)."""
+    if os.environ.get("OPTTREE_CALIBRATION_DIR"):
+        return Path(os.environ["OPTTREE_CALIBRATION_DIR"])
+    return Path(os.environ.get("OPTTREE_CACHE", Path.home() / ".cache" / "opttree")) / "calibration"
+
+
+def cache_mode() -> str:
+    """``OPTTREE_CALIBRATION``: "on" (default: read, else measure and write), "off" (always
+    measure, never touch the disk), "refresh" (measure and overwrite)."""
+    mode = os.environ.get("OPTTREE_CALIBRATION", "on").strip().lower() or "on"
+    if mode not in ("on", "off", "refresh"):
+        raise ValueError(f"OPTTREE_CALIBRATION must be 'on', 'off' or 'refresh', got {mode!r}")
+    return mode
+
+
+def to_json(latency: LatencyModel) -> dict:
+    layer = None if latency.layer is None else dataclasses.asdict(latency.layer)
+    return {"verify": dataclasses.asdict(latency.verify), "layer": layer, "root_seconds": latency.root_seconds}
+
+
+def from_json(data: dict) -> LatencyModel:
+    def table(d):
+        return None if d is None else LatencyTable(tuple(d["sizes"]), tuple(float(s) for s in d["seconds"]))
+
+    return LatencyModel(verify=table(data["verify"]), layer=table(data["layer"]), root_seconds=float(data["root_seconds"]))
+
+
+def read_cached(key: dict, folder: Path) -> LatencyModel | None:
+    path = folder / f"{_digest(key)}.json"
+    try:
+        data = json.loads(path.read_text())
+        if data.get("key") != json.loads(json.dumps(key)):  # a hash collision or a stale format
+            return None
+        return from_json(data["latency"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def write_cached(key: dict, latency: LatencyModel, folder: Path) -> Path | None:
+    path = folder / f"{_digest(key)}.json"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp.write_text(json.dumps({"key": key, "latency": to_json(latency)}, indent=1))
+        tmp.replace(path)  # atomic: a concurrent reader never sees half a file
+        return path
+    except OSError as error:
+        logger.warning("could not write the calibration cache %s: %s", path, error)
+        return None
+
+
+def _sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _median(xs) -> float:
+    xs = sorted(xs)
+    return xs[len(xs) // 2]
+
+
+def measure_verify(target, sizes=VERIFY_SIZES, prefix: int = CALIBRATION_PREFIX,
+                   repeats: int = REPEATS) -> tuple[float, ...]:
+    """T(n) for each n in ``sizes``: one target forward over a root and n tree nodes (children of
+    the root) on a ``prefix``-token cache, cropped back after each. The sizes take turns within
+    each round, so a burst of load hits them alike; the first round warms up; medians."""
+    from . import kv_cache
+
+    device, vocab = target.device, int(target.get_input_embeddings().weight.shape[0])
+    times: dict[int, list[float]] = {n: [] for n in sizes}
+    with torch.inference_mode():
+        cache = kv_cache.new_cache(target)
+        ids = (torch.arange(prefix, dtype=torch.long) * 7 % vocab)[None, :].to(device)
+        target(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        inputs = {}
+        for n in sizes:
+            tree = DraftTree((torch.arange(n, dtype=torch.long) % vocab).to(device),
+                             torch.full((n,), -1, dtype=torch.long, device=device), torch.ones(n, device=device))
+            inputs[n] = verification_inputs(1, tree, prefix, target.dtype).as_kwargs()
+        for round_ in range(repeats + 1):
+            for n in sizes:
+                start = time.perf_counter()
+                target(**inputs[n], past_key_values=cache, use_cache=True, logits_to_keep=0)
+                _sync(device)
+                if round_ > 0:
+                    times[n].append(time.perf_counter() - start)
+                kv_cache.keep_slots(cache, prefix, torch.empty(0, dtype=torch.long, device=device))
+    return tuple(_median(times[n]) for n in sizes)
+
+
+def measure_drafter(drafter, vocab: int, device, widths=DRAFT_WIDTHS, prefix: int = CALIBRATION_PREFIX,
+                    repeats: int = REPEATS, hidden_size: int | None = None) -> tuple[float, tuple[float, ...]]:
+    """Time a (scratch) drafter through its protocol: (root_probs seconds, expand seconds per width).
+
+    Each round commits one more token (``root_probs``: the catch-up of a step), expands ``w``
+    children of the root in ONE call, and commits none of them, exactly as a step that accepts
+    nothing. A drafter that ``wants_hidden_states`` is handed zero features [n, hidden_size] where
+    the decoding loop would hand the target's. The first round warms up; medians of the rest."""
+    sequence = (torch.arange(prefix, dtype=torch.long) * 7 % vocab).to(device)
+    roots: list[float] = []
+    layers: dict[int, list[float]] = {w: [] for w in widths}
+
+    def features(n: int) -> None:  # as generation.py: the prompt's but the root's, then 1 + accepted per step
+        if getattr(drafter, "wants_hidden_states", False):
+            drafter.add_features(torch.zeros(n, hidden_size, device=device))
+
+    with torch.inference_mode():
+        features(prefix - 1)
+        drafter.root_probs(sequence)  # the prefill
+        for round_ in range(repeats + 1):
+            for w in widths:
+                token = torch.tensor([(len(sequence) * 5 + 1) % vocab], dtype=torch.long, device=device)
+                sequence = torch.cat([sequence, token])
+                features(1)
+                start = time.perf_counter()
+                q = drafter.root_probs(sequence)
+                _sync(q.device)
+                root_end = time.perf_counter()
+                top = torch.topk(q.float(), min(w, q.shape[-1])).indices.to(device)
+                pool = DraftTree(top, torch.full_like(top, -1), torch.ones(len(top), device=device))
+                frontier = torch.arange(len(top), device=device)
+                expand_start = time.perf_counter()
+                out = drafter.expand(pool, frontier)
+                _sync(out.device)
+                end = time.perf_counter()
+                drafter.commit([])
+                if round_ > 0:
+                    roots.append(root_end - start)
+                    layers[w].append(end - expand_start)
+    return _median(roots), tuple(_median(layers[w]) for w in widths)
+
+
+def lower_envelope(times) -> tuple[float, ...]:
+    """T(n) := min over m >= n of the measured T(m): non-decreasing in n, and robust to spikes
+    (a busy machine only ever adds time to a measurement)."""
+    out, low = [], float("inf")
+    for t in reversed(list(times)):
+        low = min(low, t)
+        out.append(low)
+    return tuple(reversed(out))
+
+
+def measure(target, new_drafter: Callable[[], object] | None, prefix: int = CALIBRATION_PREFIX) -> LatencyModel:
+    """A fresh LatencyModel: T(n) on the target; the drafter through a scratch one from
+    ``new_drafter()`` (without one, or if timing it fails, the draft cost is learnt from the steps)."""
+    from .validation import vocab_size
+
+    verify = LatencyTable(VERIFY_SIZES, lower_envelope(measure_verify(target, prefix=prefix)))
+    latency = LatencyModel(verify=verify)
+    if new_drafter is not None:
+        try:
+            text = target.config.get_text_config() if hasattr(target.config, "get_text_config") else target.config
+            root, layers = measure_drafter(new_drafter(), vocab_size(target), target.device, prefix=prefix,
+                                           hidden_size=getattr(text, "hidden_size", None))
+        except Exception as error:  # a drafter that cannot run on synthetic text: learn online instead
+            logger.warning("could not time the drafter (%s: %s); learning its cost from the steps",
+                           type(error).__name__, error)
+        else:
+            latency.layer = LatencyTable(DRAFT_WIDTHS, lower_envelope(layers))
+            latency.root_seconds = root
+    logger.info("calibration at %d tokens: %s; draft layer %s", prefix,
+                ", ".join(f"T({n})={t * 1e3:.1f}ms" for n, t in zip(verify.sizes, verify.seconds)),
+                "unmeasured" if latency.layer is None else
+                ", ".join(f"c({w})={t * 1e3:.1f}ms" for w, t in zip(latency.layer.sizes, latency.layer.seconds)))
+    return latency
+
+
+def calibrate(target, drafter=None, new_drafter: Callable[[], object] | None = None, *,
+              folder: Path | None = None, mode: str | None = None, prefix: int | None = None) -> LatencyModel:
+    """The LatencyModel of this (target, drafter) pair on this machine: from this process's
+    memory, else from the on-disk cache, else measured (and written). ``drafter`` names the pair
+    (its fingerprint), ``new_drafter()`` makes a scratch drafter to time. ``folder`` / ``mode``
+    default to :func:`cache_dir` / :func:`cache_mode`, ``prefix`` to :func:`calibration_prefix`.
+    Every generate() call of the process shares (and refreshes) the returned object; calls from
+    several threads measure one at a time, and a pair is measured once (``mode="refresh"``: once
+    per call)."""
+    mode = mode or cache_mode()
+    folder = folder or cache_dir()
+    prefix = prefix or calibration_prefix(target, drafter)
+    if prefix is None:
+        raise ValueError(f"nodes/threshold='auto' needs a context of at least {MIN_CALIBRATION_PREFIX + _ROOM} "
+                         f"tokens to calibrate")
+    key = calibration_key(target, drafter, prefix)
+    digest = _digest(key)
+    known = None if mode == "refresh" else _remembered(digest)
+    if known is not None:
+        return known
+    with _measuring:
+        known = None if mode == "refresh" else _remembered(digest)  # measured while this call waited
+        if known is not None:
+            return known
+        latency = read_cached(key, folder) if mode == "on" else None
+        if latency is None:
+            with fast_linear.weight_major(target, drafter):  # as the decoding loops run (integration.py)
+                latency = measure(target, new_drafter, prefix)
+            if mode != "off":
+                write_cached(key, latency, folder)
+        with _pairs_lock:
+            _PAIRS[digest] = latency
+        return latency
+
+
+_ROOM = max(max(VERIFY_SIZES), max(DRAFT_WIDTHS)) + (REPEATS + 1) * len(DRAFT_WIDTHS) + 2  # tokens past the prefix
+
+
+def calibration_prefix(target, drafter=None) -> int | None:
+    """The cached tokens under the timed forwards: CALIBRATION_PREFIX, less where the target's or
+    the drafter's context is shorter; None where even MIN_CALIBRATION_PREFIX does not fit."""
+    from .validation import context_length
+
+    limits = [x for x in (context_length(target), getattr(drafter, "context_length", None)) if x]
+    prefix = min([CALIBRATION_PREFIX] + [limit - _ROOM for limit in limits])
+    return prefix if prefix >= MIN_CALIBRATION_PREFIX else None
+
+
+def make_policy(config: TreeConfig, target, drafter=None, new_drafter: Callable[[], object] | None = None) -> BudgetPolicy:
+    """The step policy for ``config``: :class:`FixedPolicy`, or for ``nodes``/``threshold="auto"``
+    an :class:`AutoPolicy` calibrated on ``target`` and the drafter (see :func:`calibrate`)."""
+    if config.nodes != "auto" and config.threshold != "auto":
+        return FixedPolicy(config)
+    return AutoPolicy(config, calibrate(target, drafter, new_drafter))
+
+
+__all__ = ["CALIBRATION_PREFIX", "CALIBRATION_VERSION", "DRAFT_WIDTHS", "MIN_CALIBRATION_PREFIX", "REPEATS",
+           "VERIFY_SIZES", "cache_dir", "cache_mode", "calibrate", "calibration_key", "calibration_prefix",
+           "clear_calibrations", "drafter_fingerprint", "from_json", "known_latency", "lower_envelope", "make_policy",
+           "measure", "measure_drafter", "measure_verify", "model_fingerprint", "read_cached", "to_json",
+           "write_cached"]

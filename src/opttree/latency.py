@@ -1,0 +1,285 @@
+"""``nodes="auto"`` / ``threshold="auto"``: the tree that maximises tokens per SECOND on this machine.
+
+OPT-Tree (arXiv 2406.17276) maximises E(A) = Σp̂ for a fixed node budget n and leaves the depth
+threshold δ open. On a GPU verifying 60 nodes costs about one token; on a CPU it does not (8 nodes
+~2x, 16-64 nodes ~3-4x one token). So each step :class:`AutoPolicy` maximises the expected speed instead:
+
+    speed(m) = (E_m + 1) / (T(m) + D)
+
+E_m  = the sum of the m largest p̂ of the drafted pool (the top-m nodes by p̂ form a valid tree for
+       every m; +1 is the bonus token),
+T(m) = the target's latency to verify the root and m nodes (measured; plus the rest of a step:
+       cache surgery, commit),
+D    = the drafting time of the step so far (measured: the catch-up forward, the layers actually
+       drafted and the tree building; sunk, the same for every m).
+
+*Budget*: verify the m that maximises speed(m), m = 0 (the root alone, as plain decoding) included.
+*Depth* (the paper's open δ): before each draft forward the policy compares the best speed now with
+the best speed after one more layer of w nodes, its cost c(w) (one ``drafter.expand`` over w nodes,
+measured) added to D and its p̂ guessed from the last layer (:func:`next_layer_guess`); it stops when
+the layer would not pay, i.e. when the layer's E(A) gain per second of drafting falls below the
+current rate. *Width*: a layer never expands more than about twice the recent verified tree size
+(:func:`layer_width`), so a step never pays for 64-wide layers it then prunes.
+
+The :class:`LatencyModel` holds T(n), c(w) and the rest of a step, measured by
+:mod:`opttree.calibration` and refreshed from every step (T(n) as scale × table + offset, by
+exponentially weighted least squares; c(w) by a scale; the rest of a step by an average). Its
+refresh runs under the model's own lock: decodes in several threads share one model per pair.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from .config import TreeConfig
+from .plan import LayerState, StepPlan
+
+AUTO_MAX_NODES = 64  # the largest tree "auto" will ever verify (the pool budget)
+REFRESH = 0.1  # weight of each new step in the online latency averages
+SIZE_REFRESH = 0.25  # weight of each step's verified size in the running mean tree size
+WIDTH_PER_NODE = 2.0  # layer width cap = this × the running mean tree size
+MIN_WIDTH = 2
+START_SIZE = 4.0  # the running mean tree size before any step (first width cap: 8)
+
+
+@dataclass
+class LatencyTable:
+    """Seconds measured at a few sizes; linear in between."""
+
+    sizes: tuple[int, ...]  # ascending
+    seconds: tuple[float, ...]
+
+    def at(self, n: float) -> float:
+        """Linear between measured sizes; beyond the last one the last segment's slope goes on
+        (never downwards: more nodes never cost less)."""
+        xs, ys = self.sizes, self.seconds
+        if len(xs) == 1:
+            return ys[0]
+        i = max(1, min(len(xs) - 1, next((k for k, x in enumerate(xs) if x >= n), len(xs) - 1)))
+        x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+        slope = (y1 - y0) / (x1 - x0)
+        if n > x1:
+            slope = max(slope, 0.0)
+            x0, y0 = x1, y1
+        return max(y0 + slope * (n - x0), 0.0)
+
+
+@dataclass
+class AffineFit:
+    """measured ≈ scale · calibrated + offset, fitted online: exponentially weighted least squares
+    (each step weighs REFRESH), shrunk towards a pure scale (offset 0) while the calibrated values
+    seen vary little. A load that slows everything shows as a scale; a fixed cost the calibration
+    did not see (a longer prefix, the walk) as an offset, which a scale would wrongly multiply."""
+
+    w: float = 0.0  # weighted sums of 1, x, y, x², xy (x: calibrated seconds, y: measured)
+    x: float = 0.0
+    y: float = 0.0
+    xx: float = 0.0
+    xy: float = 0.0
+
+    def add(self, x: float, y: float, weight: float) -> None:
+        keep = 1.0 - weight
+        self.w, self.x, self.y = keep * self.w + weight, keep * self.x + weight * x, keep * self.y + weight * y
+        self.xx, self.xy = keep * self.xx + weight * x * x, keep * self.xy + weight * x * y
+
+    def solve(self, spread: float = 0.25) -> tuple[float, float]:
+        """(scale, offset). The slope is trusted in proportion var(x) / (var(x) + (spread · mean x)²)."""
+        if self.w <= 0 or self.x <= 0:
+            return 1.0, 0.0
+        mx, my = self.x / self.w, self.y / self.w
+        var = max(self.xx / self.w - mx * mx, 0.0)
+        ratio = my / mx
+        trust = var / (var + (spread * mx) ** 2)
+        slope = (self.xy / self.w - mx * my) / var if var > 0 else ratio
+        scale = min(max(trust * slope + (1 - trust) * ratio, 0.25 * ratio), 4.0 * ratio)
+        return scale, my - scale * mx
+
+
+@dataclass
+class LatencyModel:
+    """Measured costs of one step's pieces, in seconds, refreshed from every step."""
+
+    verify: LatencyTable  # T(n): one target forward over the root and n tree nodes
+    layer: LatencyTable | None = None  # one drafter.expand() over w nodes; None: not measured yet
+    root_seconds: float = 0.0  # drafter.root_probs(): the catch-up at a step's start
+    verify_scale: float = 1.0  # online corrections: measured T(n) ≈ verify_scale · table + verify_offset
+    verify_offset: float = 0.0
+    layer_scale: float = 1.0  # measured c(w) ≈ layer_scale · table
+    verify_fit: AffineFit = dataclasses.field(default_factory=AffineFit)
+    # running mean of the verified tree sizes per tree setting (sets the width cap); see AutoPolicy
+    mean_sizes: dict = dataclasses.field(default_factory=dict)
+    overhead: float = 0.0  # the rest of a step (cache surgery, commit, stopping criteria), learnt
+    # held by every refresh: concurrent decodes of one pair share this object (opttree.calibration)
+    lock: threading.RLock = dataclasses.field(default_factory=threading.RLock, repr=False, compare=False)
+
+    def verify_time(self, n: float) -> float:
+        return max(self.verify.at(n) * self.verify_scale + self.verify_offset, 0.0)
+
+    def step_times(self, m: int) -> torch.Tensor:
+        """[m] float64: T(1) … T(m), each plus the rest of a step (overhead)."""
+        return torch.tensor([self.verify_time(k) + self.overhead for k in range(1, m + 1)], dtype=torch.float64)
+
+    def layer_time(self, width: int) -> float:
+        """c(w): one draft forward expanding ``width`` nodes (0 while unmeasured)."""
+        return 0.0 if self.layer is None else self.layer.at(width) * self.layer_scale
+
+    def observe(self, step) -> None:
+        """Refresh from one finished step (a StepStats)."""
+        with self.lock:
+            self._observe(step)
+
+    def _observe(self, step) -> None:
+        calibrated = self.verify.at(step.tree_size)
+        if step.verify_seconds > 0 and calibrated > 0:
+            if self.verify_fit.w == 0:  # the calibration itself is the prior: weight 1, at this size
+                self.verify_fit.add(calibrated, calibrated, 1.0)
+            self.verify_fit.add(calibrated, calibrated * _clip(step.verify_seconds / calibrated), REFRESH)
+            self.verify_scale, self.verify_offset = self.verify_fit.solve()
+        for layer in step.layers:
+            if layer.seconds <= 0:
+                continue
+            if self.layer is None:  # an unmeasured drafter: a constant cost per layer, from now on refreshed
+                self.layer = LatencyTable((layer.width,), (layer.seconds,))
+                continue
+            predicted = self.layer.at(layer.width)
+            if predicted > 0:
+                self.layer_scale += REFRESH * (_clip(layer.seconds / predicted) - self.layer_scale)
+        if step.root_seconds > 0:
+            self.root_seconds += REFRESH * (step.root_seconds - self.root_seconds)
+
+
+def _clip(ratio: float) -> float:
+    return min(max(ratio, 0.25), 4.0)  # one outlier step moves a scale at most this far
+
+
+# ---------------------------------------------------------------------------------------------
+# the decisions, as small pure functions
+
+
+def expected_speed(path_probs: torch.Tensor, latency: LatencyModel, draft_seconds: float,
+                   cap: int | None = None) -> torch.Tensor:
+    """speed(m) for m = 1 … min(len, cap): (E_m + 1) / (T(m) + D).
+
+    path_probs: [k] float, any order (the m largest are summed).
+    returns:    [min(k, cap)] float64, entry m - 1 is speed(m).
+    """
+    ranked = torch.sort(path_probs.double().cpu(), descending=True).values[:cap]
+    gain = torch.cumsum(ranked, 0) + 1.0  # [k]
+    return gain / (latency.step_times(len(ranked)) + draft_seconds)
+
+
+def best_choice(path_probs: torch.Tensor, latency: LatencyModel, draft_seconds: float,
+                cap: int | None = None) -> tuple[int, float]:
+    """(m, speed(m)) for the m in 0 … min(len, cap) that maximises speed(m). m = 0 verifies the
+    root alone, speed(0) = 1 / (T(0) + D): where verifying even one node costs more than its E(A)
+    is worth (a weak draft on a CPU), a step falls back to what plain decoding does."""
+    alone = 1.0 / (latency.verify_time(0) + latency.overhead + draft_seconds)
+    if len(path_probs) == 0:
+        return 0, alone
+    speed = expected_speed(path_probs, latency, draft_seconds, cap)
+    m = int(torch.argmax(speed)) + 1  # first maximum: the smaller tree on ties
+    return (m, float(speed[m - 1])) if float(speed[m - 1]) > alone else (0, alone)
+
+
+def best_size(path_probs: torch.Tensor, latency: LatencyModel, draft_seconds: float, cap: int | None = None) -> int:
+    """The m (0 <= m <= cap) that maximises speed(m) (see :func:`best_choice`)."""
+    return best_choice(path_probs, latency, draft_seconds, cap)[0]
+
+
+def next_layer_guess(state: LayerState, cap: int | None = None) -> torch.Tensor:
+    """The p̂ the next layer would add, guessed from the last one: each of the ``next_width`` most
+    probable last-layer nodes gets children whose q (child p̂ / parent p̂) by rank is the last
+    layer's mean q by rank (exact for a draft whose q looks alike everywhere).
+
+    returns: [<= cap] float64, descending.
+    """
+    probs = state.path_probs.double().cpu()
+    parents = state.parents.cpu()
+    last = torch.arange(state.previous, len(probs))
+    if len(last) == 0:
+        return probs.new_zeros(0)
+    parent_probs = torch.where(parents[last] >= 0, probs[parents[last].clamp(min=0)], probs.new_ones(len(last)))
+    ratios = probs[last] / parent_probs  # [k]: the q of each last-layer node
+    groups = [torch.sort(ratios[parents[last] == p], descending=True).values for p in torch.unique(parents[last])]
+    width = max(len(g) for g in groups)
+    profile = torch.stack([torch.nn.functional.pad(g, (0, width - len(g))) for g in groups]).mean(0)  # [width]
+    frontier = torch.sort(probs[last], descending=True).values[:state.next_width]  # [w]
+    guess = torch.sort((frontier[:, None] * profile[None, :]).flatten(), descending=True).values
+    return guess[:cap]
+
+
+def layer_pays(state: LayerState, latency: LatencyModel, draft_seconds: float, cap: int | None = None) -> bool:
+    """Draft one more layer? Yes if the best expected speed with it (its p̂ guessed by
+    :func:`next_layer_guess`, its cost c(w) added to the drafting time) beats the best speed now;
+    in OPT-Tree's terms, while the layer's E(A) gain per second of drafting beats the current rate."""
+    if len(state.path_probs) == 0 or state.next_width < 1:
+        return False
+    _, now = best_choice(state.path_probs, latency, draft_seconds, cap)
+    grown = torch.cat([state.path_probs.double().cpu(), next_layer_guess(state, cap)])
+    _, later = best_choice(grown, latency, draft_seconds + latency.layer_time(state.next_width), cap)
+    return later > now
+
+
+def layer_width(mean_size: float, max_nodes: int) -> int:
+    """The layer width cap: about WIDTH_PER_NODE × the recent tree size, never the whole budget
+    (at most half of it), at least MIN_WIDTH (or the budget, when smaller)."""
+    return max(min(MIN_WIDTH, max_nodes), min(round(WIDTH_PER_NODE * mean_size), max_nodes // 2))
+
+
+class AutoPolicy:
+    """``nodes="auto"`` and/or ``threshold="auto"`` against a measured :class:`LatencyModel`."""
+
+    def __init__(self, config: TreeConfig, latency: LatencyModel, clock: Callable[[], float] = time.perf_counter):
+        """clock: seconds, for the step's drafting time so far (tests pass a fake machine's)."""
+        self.config = config
+        self.latency = latency
+        self.clock = clock
+        self.auto_nodes = config.nodes == "auto"
+        self.auto_threshold = config.threshold == "auto"
+        self.max_nodes = AUTO_MAX_NODES if self.auto_nodes else config.nodes
+        self.threshold = 0.0 if self.auto_threshold else config.threshold  # with "auto", `grow` decides
+        self._start = clock()
+        # the recent tree size, shared by later calls with the same settings (not by other settings)
+        self.setting = f"{config.strategy}/{config.nodes}/{config.threshold}/{config.max_depth}"
+        self.mean_size = latency.mean_sizes.get(self.setting, START_SIZE)
+
+    def spent(self) -> float:
+        """Seconds since the step's plan: its drafting time so far."""
+        return self.clock() - self._start
+
+    def plan(self) -> StepPlan:
+        self._start = self.clock()
+        return StepPlan(
+            nodes=self.max_nodes,
+            threshold=self.threshold,
+            width=layer_width(self.mean_size, self.max_nodes),
+            grow=self._grow if self.auto_threshold else None,
+            size=self._size if self.auto_nodes else None,
+        )
+
+    def _grow(self, state: LayerState) -> bool:
+        return layer_pays(state, self.latency, self.spent(), self.max_nodes)
+
+    def _size(self, path_probs: torch.Tensor) -> int:
+        return best_size(path_probs, self.latency, self.spent(), self.max_nodes)
+
+    def observe(self, step) -> None:
+        rest = self.spent() - step.draft_seconds - step.verify_seconds  # since plan(): the whole step
+        with self.latency.lock:
+            self.latency.overhead += REFRESH * (max(rest, 0.0) - self.latency.overhead)
+            self.latency.observe(step)
+            if step.tree_size > 0:
+                self.mean_size += SIZE_REFRESH * (step.tree_size - self.mean_size)
+                self.latency.mean_sizes[self.setting] = self.mean_size
+
+
+
+__all__ = ["AUTO_MAX_NODES", "AffineFit", "AutoPolicy", "LatencyModel", "LatencyTable", "MIN_WIDTH", "REFRESH",
+           "SIZE_REFRESH", "START_SIZE", "WIDTH_PER_NODE", "best_choice", "best_size", "expected_speed", "layer_pays",
+           "layer_width", "next_layer_guess"]

@@ -1,0 +1,69 @@
+"""The seam between the decoding loop, the tree builders and a budget policy: what a step's tree may be.
+
+The decoding loop asks a :class:`BudgetPolicy` for each step's :class:`StepPlan` (the node budget,
+δ, the widest layer to draft, and for ``"auto"`` a growth rule and a final cut) and tells it what
+the step cost (:meth:`BudgetPolicy.observe` with the step's :class:`~opttree.stats.StepStats`).
+Builders read the plan and, after each layer, hand :attr:`StepPlan.grow` a :class:`LayerState`.
+:class:`FixedPolicy` is ``nodes=<int>, threshold=<float>``: OPT-Tree as published. The measured
+policy for ``"auto"`` is :class:`opttree.latency.AutoPolicy`.
+
+This module imports nothing heavy (torch only for type hints), so any builder may import it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Protocol
+
+from .config import TreeConfig
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass
+class LayerState:
+    """What a builder knows after drafting a layer, for :attr:`StepPlan.grow`."""
+
+    path_probs: torch.Tensor  # [m] float: p̂ of every pool node drafted so far this step (absolute)
+    parents: torch.Tensor  # [m] long: each pool node's parent (-1: the root)
+    previous: int  # pool size before the last layer (pool[previous:] is the last layer)
+    next_width: int  # nodes the next draft forward would expand (the last layer's most probable)
+
+
+@dataclass
+class StepPlan:
+    """One step's tree settings, from a :class:`BudgetPolicy`."""
+
+    nodes: int  # node budget: the pool's best-``nodes`` set; the tree never keeps more
+    threshold: float  # δ for a builder's own growth rule when ``grow`` is None
+    width: int | None = None  # the most nodes one draft forward expands (None: no cap)
+    grow: Callable[[LayerState], bool] | None = None  # draft one more layer? (None: E(A) gain > δ)
+    size: Callable[[torch.Tensor], int] | None = None  # pool p̂ [k] -> nodes to verify (None: all kept)
+
+
+class BudgetPolicy(Protocol):
+    max_nodes: int  # the largest tree any step will verify (what caches must make room for)
+
+    def plan(self) -> StepPlan:
+        """Called at the start of each step, before the drafter's first call."""
+
+    def observe(self, step) -> None:
+        """The finished step (a :class:`~opttree.stats.StepStats`, with its measured times)."""
+
+
+class FixedPolicy:
+    """``nodes`` and ``threshold`` as given: OPT-Tree's rule, nothing measured."""
+
+    def __init__(self, config: TreeConfig):
+        self.config = config
+        self.max_nodes = config.nodes
+
+    def plan(self) -> StepPlan:
+        return StepPlan(nodes=self.config.nodes, threshold=self.config.threshold)
+
+    def observe(self, step) -> None:
+        pass
+
+
+__all__ = ["BudgetPolicy", "FixedPolicy", "LayerState", "StepPlan"]
