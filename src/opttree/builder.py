@@ -21,7 +21,7 @@ from typing import Callable
 
 import torch
 
-from .budget import LayerState
+from .plan import LayerState
 from .config import TreeConfig
 from .tree import DraftTree
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from . import kv_cache
-from .budget import BudgetPolicy, FixedPolicy
+from .plan import BudgetPolicy, FixedPolicy
 from .builder import BuiltTree
 from .config import TreeConfig
 from .drafters.clock import DraftClock

@@ -52,7 +52,7 @@ import torch
 from .builder import BuiltTree, Expand
 from .config import TreeConfig
 from .tree import DraftTree
-from .verify import Acceptance
+from .acceptance import Acceptance
 
 logger = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ from dataclasses import replace
 
 import torch
 
-from .budget import LayerState, StepPlan
+from .plan import LayerState, StepPlan
 from .builder import BuiltTree, Expand, Grow, best_nodes, build_opt_tree, from_pool, select, top_children
 from .config import TreeConfig
 from .sampling import build_sampled_tree

@@ -13,36 +13,13 @@ Verification) live in sampling.py and are dispatched from :func:`verify` when sa
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Callable
-
 import torch
 
+from .acceptance import Acceptance, Choose
+from .sampling import SAMPLING_VERIFIERS
 from .tree import DraftTree
 
-# choose(emitted, logits) -> (token, scores)
-#   emitted: tokens emitted so far this step (the context beyond the committed sequence)
-#   logits:  [vocab] float32, the target's raw logits at the current node
-#   returns: the target's token and the processed scores it was picked from ([vocab])
-Choose = Callable[[list[int], torch.Tensor], "tuple[int, torch.Tensor]"]
-
-
-@dataclass
-class Acceptance:
-    """One step's outcome. ``tokens`` = accepted draft tokens followed by the bonus token."""
-
-    nodes: list[int] = field(default_factory=list)  # accepted tree nodes, root to leaf
-    tokens: list[int] = field(default_factory=list)  # len(nodes) + 1
-    scores: list[torch.Tensor] = field(default_factory=list)  # [vocab] per emitted token (see rows)
-    logits: list[torch.Tensor] = field(default_factory=list)  # [vocab] per emitted token (see rows)
-    pool_ids: list[int] | None = None  # the accepted nodes' pool ids, when the walk read them too
-    # greedy_walk without processors: the scores and logits of emitted token j are row rows[j] of
-    # the step's logits, made into the two lists only on request (:func:`with_rows`)
-    rows: list[int] | None = None
-
-    @property
-    def accepted(self) -> int:
-        return len(self.nodes)
+__all__ = ["Acceptance", "Choose", "greedy_choice", "greedy_walk", "sampled_choice", "verify", "walk_tree", "with_rows"]
 
 
 def walk_tree(tree: DraftTree, logits: torch.Tensor, choose: Choose) -> Acceptance:
@@ -110,8 +87,6 @@ def verify(built, tree: DraftTree, logits: torch.Tensor, choose: Choose, config,
     is the target's own greedy output. ``"rrs"`` and ``"traversal"``: sampling.py."""
     if config.verifier == "match" or process is None:
         return walk_tree(tree, logits, choose)
-    from .sampling import SAMPLING_VERIFIERS  # (sampling.py imports Acceptance from here)
-
     if config.verifier in SAMPLING_VERIFIERS:
         return SAMPLING_VERIFIERS[config.verifier](built, tree, logits, process, generator)
     raise ValueError(f"unknown verifier {config.verifier!r}")
