@@ -1,5 +1,6 @@
 """The three ways in: custom_generate=, generate(draft_model=...) via speculative(), SpeculativeGenerator."""
 
+import pytest
 import torch
 import transformers as tf
 
@@ -95,3 +96,15 @@ def test_text_generation_pipeline_with_draft_model(monkeypatch):
     out = pipe("hello world", max_new_tokens=12, do_sample=False, draft_model=target, nodes=8)[0]["generated_text"]
     assert out == ref and len(out) > len("hello world")
     assert calls == [1]  # the pipeline really went through opttree
+
+
+@pytest.mark.parametrize("strategy,nodes", [("opt", 8), ("opt", 60), ("chain", 6), ("heap", 8)])
+def test_step_stats_describe_the_verified_tree(strategy, nodes):
+    """tree_depth and E(A) read without host reads (from the walk, the builder) equal the tree's own."""
+    target = peaked(tiny_model("llama"), scale=300.0)
+    gen = SpeculativeGenerator(target, target, nodes=nodes, threshold=0.5, max_depth=10, strategy=strategy)
+    gen.generate(torch.tensor([[5, 17, 33, 2, 41]]), max_new_tokens=40)
+    for step in gen.last_stats.steps:
+        assert step.tree_depth == (int(step.tree.depths().max()) if len(step.tree) else 0)
+        assert step.expected_length == pytest.approx(float(step.tree.path_probs.sum()), rel=1e-5)
+        assert step.tree_size == len(step.tree)

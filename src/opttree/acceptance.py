@@ -26,6 +26,7 @@ class Acceptance:
     # greedy_walk without processors: the scores and logits of emitted token j are row rows[j] of
     # the step's logits, made into the two lists only on request (:func:`with_rows`)
     rows: list[int] | None = None
+    tree_depth: int | None = None  # the walked tree's depth, when the walk read it too
 
     @property
     def accepted(self) -> int:

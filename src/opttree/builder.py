@@ -46,7 +46,8 @@ class BuiltTree:
     # (key = tree index): [vocab] float each; what sampling verifiers need. Builders that grow by
     # layers record ``layers`` instead and the dict is made on first use (a host read).
     draft_probs: Mapping[int, torch.Tensor] = field(default_factory=dict)
-    depth: int | None = None  # the deepest node's depth, when the builder knows it without a host read
+    depth_bound: int | None = None  # no node is deeper (the layers drafted), known without a host read
+    expected_length: float | None = None  # E(A) of ``tree``, when the builder knows it without a host read
     layers: list["ExpandedLayer"] = field(default_factory=list)
 
     def __post_init__(self):
@@ -152,7 +153,8 @@ def build_opt_tree(root_probs: torch.Tensor, expand: Expand, config: TreeConfig,
     depth_cap = config.max_depth if max_depth is None else min(config.max_depth, max_depth)
     device = root_probs.device
     if depth_cap < 1:
-        return BuiltTree(DraftTree.empty(device, root_probs.dtype), torch.empty(0, dtype=torch.long, device=device), depth=0)
+        return BuiltTree(DraftTree.empty(device, root_probs.dtype), torch.empty(0, dtype=torch.long, device=device),
+                         depth_bound=0, expected_length=0.0)
 
     # 1. the first layer: the root's most probable children
     top = torch.topk(root_probs, min(budget, root_probs.shape[0]))
@@ -187,7 +189,8 @@ def build_opt_tree(root_probs: torch.Tensor, expand: Expand, config: TreeConfig,
 
     # 3. the final tree: the best `budget` nodes, re-indexed
     keep = best_nodes(pool.path_probs, budget)
-    return BuiltTree(pool.subtree(keep), keep, gains, len(layers) - 1, depth=depth, layers=layers)
+    return BuiltTree(pool.subtree(keep), keep, gains, len(layers) - 1, depth_bound=depth,
+                     expected_length=gains[-1] if depth else 0.0, layers=layers)
 
 
 def from_pool(pool: DraftTree, keep: torch.Tensor, q_of_pool: dict, gains: list[float], forwards: int) -> BuiltTree:
@@ -201,7 +204,7 @@ def select(built: BuiltTree, keep: torch.Tensor) -> BuiltTree:
     tree = built.tree.subtree(keep)
     if built.layers:  # draft_probs is made from the layers, by pool id
         return BuiltTree(tree, built.pool_ids[keep], list(built.expected_lengths), built.draft_forwards,
-                         layers=built.layers)
+                         depth_bound=built.depth_bound, layers=built.layers)
     remap = torch.full((len(built.tree),), -1, dtype=torch.long, device=keep.device)
     remap[keep] = torch.arange(len(keep), device=keep.device)
     draft_probs = {(-1 if i < 0 else int(remap[i])): q for i, q in built.draft_probs.items()

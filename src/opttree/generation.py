@@ -45,6 +45,11 @@ def target_forward(target, inputs, cache, hidden: bool) -> tuple[torch.Tensor, t
     return out.logits[0].float(), out.hidden_states[-1][0] if hidden else None
 
 
+def tree_depth(tree: DraftTree) -> int:
+    """The deepest node's depth (a host read)."""
+    return int(tree.depths().max()) if len(tree) else 0
+
+
 def node_choice(sequence: torch.Tensor, logits_processor, pick, generator=None):
     """verify()'s ``choose`` and ``process`` at the nodes of a tree hanging under ``sequence``
     ([T] long, every committed token: what generate()'s processors see as the context)."""
@@ -117,7 +122,8 @@ def speculative_decode(
             root_probs = clock.root_probs(sequence)
             built = build_tree(root_probs, clock.expand, config, depth_cap, generator=generator, plan=plan)
         else:
-            built = BuiltTree(DraftTree.empty(sequence.device), torch.empty(0, dtype=torch.long), depth=0)
+            built = BuiltTree(DraftTree.empty(sequence.device), torch.empty(0, dtype=torch.long), depth_bound=0,
+                              expected_length=0.0)
         tree = built.tree.to(sequence.device)
         t1 = time.perf_counter()
 
@@ -128,7 +134,7 @@ def speculative_decode(
 
         # 3. walk the tree: the target's own token at the root and at each accepted node
         if fast_walk:
-            acceptance = greedy_walk(tree, logits, built.pool_ids, built.depth)
+            acceptance = greedy_walk(tree, logits, built.pool_ids, built.depth_bound)
             if want_rows:
                 with_rows(acceptance, logits)
         else:
@@ -172,9 +178,8 @@ def speculative_decode(
         stats.new_tokens += len(new)
         stats.steps.append(StepStats(
             tree_size=len(tree),
-            tree_depth=built.depth if built.depth is not None else (int(tree.depths().max()) if len(tree) else 0),
-            expected_length=(built.expected_lengths[-1] if built.depth is not None and built.expected_lengths
-                             else tree.expected_length) if len(tree) else 0.0,
+            tree_depth=acceptance.tree_depth if acceptance.tree_depth is not None else tree_depth(tree),
+            expected_length=built.expected_length if built.expected_length is not None else tree.expected_length,
             accepted=acceptance.accepted,
             emitted=len(new),
             draft_forwards=getattr(drafter, "forwards", 0) - forwards_before,

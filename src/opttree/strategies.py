@@ -151,7 +151,8 @@ def build_chain(root_probs: torch.Tensor, expand: Expand, config: TreeConfig, ma
         return _empty(root_probs.device)
     pool, q_of_pool, forwards = _greedy_path(root_probs, expand, length, grow)
     ids = torch.arange(len(pool), device=pool.tokens.device)
-    return BuiltTree(pool, ids, [pool.expected_length], forwards, q_of_pool, depth=len(pool))
+    expected = pool.expected_length
+    return BuiltTree(pool, ids, [expected], forwards, q_of_pool, depth_bound=len(pool), expected_length=expected)
 
 
 def _graft(stem: DraftTree, sub: DraftTree) -> DraftTree:

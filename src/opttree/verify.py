@@ -53,18 +53,19 @@ def greedy_walk(tree: DraftTree, logits: torch.Tensor, pool_ids: torch.Tensor, d
     n = len(tree)
     choice = logits.argmax(dim=-1)  # [n + 1] the target's token at the root and at each node
     if n == 0:
-        return Acceptance([], choice.tolist(), rows=[0], pool_ids=[])
+        return Acceptance([], choice.tolist(), rows=[0], pool_ids=[], tree_depth=0)
     match = tree.tokens == choice[tree.parents + 1]  # [n] the node carries its parent's argmax
     on_path = ~(tree.ancestor_mask() & ~match).any(dim=1)  # [n] so do all its ancestors
     d = min(depth or n, n)
     order = torch.sort(torch.where(on_path, torch.arange(n, device=logits.device), n)).values[:d]  # [d]
     path = order.clamp(max=n - 1)  # [d]: the accepted nodes first, then filler
     emitted = choice[torch.cat([path.new_zeros(1), path + 1])]  # [d + 1]
-    packed = torch.cat([on_path.sum()[None], path, pool_ids.to(path.device)[path], emitted]).tolist()
+    counts = torch.stack([on_path.sum(), tree.depths().max()])  # [2] accepted, the tree's depth
+    packed = torch.cat([counts, path, pool_ids.to(path.device)[path], emitted]).tolist()
     a = packed[0]
-    nodes = packed[1:1 + a]
-    return Acceptance(nodes, packed[1 + 2 * d:2 + 2 * d + a], pool_ids=packed[1 + d:1 + d + a],
-                      rows=[0] + [1 + i for i in nodes])
+    nodes = packed[2:2 + a]
+    return Acceptance(nodes, packed[2 + 2 * d:3 + 2 * d + a], pool_ids=packed[2 + d:2 + d + a],
+                      rows=[0] + [1 + i for i in nodes], tree_depth=packed[1])
 
 
 def with_rows(acceptance: Acceptance, logits: torch.Tensor) -> Acceptance:
