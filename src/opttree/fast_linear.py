@@ -30,9 +30,9 @@ kernels do; the greedy-equality tests and benchmarks run with it on.
 What the mode catches: every ``nn.Linear`` (Llama, Qwen, Mistral, Gemma, Phi, OPT, every LM head).
 GPT-2's ``Conv1D`` layers call ``torch.addmm`` with a [in, out] weight, which the mode passes through
 unchanged (GPT-2 gains only in its LM head). The price: while a block is open, every torch call of
-the thread goes through the mode's Python handler, 1–2 µs each (a micro-benchmark on the project's
-loaded 2-core machine; a SmolLM2-135M forward makes about 2,300 torch calls, so an estimated 2–4 ms
-of a ~24 ms forward), which is why the block stays off for models it cannot help.
+the thread goes through the mode's Python handler, 1–4 µs each (a micro-benchmark on the project's
+loaded 2-core machine; a SmolLM2-135M decode makes about 99,000 torch calls for 40 tokens), which is
+why the block stays off for models it cannot help. DESIGN.md has the one end-to-end measurement.
 
 The one-row case makes plain decoding faster too: ``with weight_major(): model.generate(...)``.
 The benchmark's ``plain-wm`` method measures exactly that, so opttree's speed-up can be read

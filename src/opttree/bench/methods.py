@@ -92,10 +92,11 @@ def plain_method(target) -> Method:
     return _hf_method("plain", target, {"generate": "greedy"})
 
 
-def with_kernel(method: Method) -> Method:
-    """``method`` run inside :func:`~opttree.fast_linear.weight_major`, named ``<name>-wm``."""
+def with_kernel(method: Method, *models) -> Method:
+    """``method`` run inside :func:`~opttree.fast_linear.weight_major` (off unless one of ``models``
+    is a float32 CPU model, as in opttree's loop), named ``<name>-wm``."""
     def generate(input_ids, max_new_tokens):
-        with weight_major():
+        with weight_major(*models):
             return method.generate(input_ids, max_new_tokens)
 
     return Method(f"{method.name}-wm", generate, {**method.settings, "linear": "opttree.fast_linear"},
@@ -196,7 +197,7 @@ def make_methods(names, target, draft, *, tree: dict | None = None, extra_trees:
         else:
             raise ValueError(f"unknown method {name!r}; known: {', '.join(METHODS)}, assisted-wm, lookup-wm, "
                              "opttree-lookup")
-        methods.append(with_kernel(method) if kernel else method)
+        methods.append(with_kernel(method, target, draft) if kernel else method)
     for spec in extra_trees or []:
         label = ",".join(f"{k}={v}" for k, v in spec.items())
         methods.append(opttree_method(target, _need(draft, "opttree"), name=f"opttree({label})", **{**tree, **spec}))
