@@ -253,7 +253,7 @@ class SpeculativeGenerator:
         self.draft = draft
         self.settings = given_settings(nodes=nodes, threshold=threshold, max_depth=max_depth, strategy=strategy,
                                        verifier=verifier, static_tree=static_tree)
-        self.config = TreeConfig(**self.settings)  # validated now; left-out nodes/threshold resolve per call
+        self.config = resolve(self.settings)  # validated now: what one prompt runs with (a batch: see defaults.py)
         self.generator = generator
         self.last_stats: GenerationStats | None = None
 
