@@ -1,5 +1,6 @@
-"""examples/notebook.ipynb runs top to bottom on tiny random models (its code cells are executed
-in order in one namespace, as a kernel would; no Jupyter needed) and draws its pictures."""
+"""examples/notebook.ipynb runs top to bottom (its code cells are executed in order in one namespace, as a
+kernel would; no Jupyter needed) and draws its pictures: on tiny random models with its real-model part
+switched off, and (real_model) with it, on SmolLM2 and the shipped head."""
 
 import json
 from pathlib import Path
@@ -9,6 +10,7 @@ import matplotlib
 matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt
+import pytest
 import torch
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "examples" / "notebook.ipynb"
@@ -20,7 +22,7 @@ def code_cells(path: Path) -> list[str]:
     return ["".join(cell["source"]) for cell in notebook["cells"] if cell["cell_type"] == "code"]
 
 
-def test_notebook_runs_and_draws():
+def run_notebook() -> tuple[dict, int]:
     cells = code_cells(NOTEBOOK)
     assert len(cells) >= 4
     namespace: dict = {"__name__": "__notebook__"}
@@ -34,7 +36,26 @@ def test_notebook_runs_and_draws():
     finally:
         plt.close("all")
         torch.set_num_threads(threads)  # the notebook picks its own
+    return namespace, figures
+
+
+def test_notebook_runs_and_draws(monkeypatch):
+    monkeypatch.setenv("OPTTREE_NOTEBOOK_REAL", "0")
+    namespace, figures = run_notebook()
     assert figures >= 2  # the tree and the statistics
+    assert namespace["real_target"] is None  # the real part said why it skipped
+    assert torch.equal(namespace["auto"].sequences, namespace["plain"])  # the draft_model= path, default tree
     # what the notebook shows is what it claims: a step with accepted draft tokens, all methods equal
     assert namespace["step"].accepted >= 1 and namespace["step"].accepted_nodes
     assert namespace["result"].ok
+
+
+@pytest.mark.real_model
+@pytest.mark.slow
+def test_notebook_real_model_part(monkeypatch):
+    monkeypatch.setenv("OPTTREE_NOTEBOOK_REAL", "1")
+    monkeypatch.chdir(NOTEBOOK.parent)  # as Jupyter starts: in the notebook's folder
+    namespace, figures = run_notebook()
+    assert namespace["real_target"] is not None, "the real model could not be loaded"
+    assert figures >= 3  # the tiny tree, the statistics, and a real step's tree
+    assert namespace["real_step"].tree_size > 1 and namespace["real_step"].accepted >= 1

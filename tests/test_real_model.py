@@ -1,4 +1,6 @@
-"""The real target, SmolLM2-135M-Instruct, on Spec-Bench prompts: greedy output is unchanged."""
+"""The real target, SmolLM2-135M-Instruct: greedy output is unchanged on the project's own prompts
+(tests/data/prompts.jsonl, one per Spec-Bench category, written for this project, so these tests run on any
+clone) and, where the file is present, on Spec-Bench's (``$OPTTREE_SPEC_BENCH`` or ../shared/data)."""
 
 import json
 import os
@@ -13,16 +15,27 @@ pytestmark = [pytest.mark.real_model, pytest.mark.slow]
 
 QUESTIONS = Path(os.environ.get(
     "OPTTREE_SPEC_BENCH", Path(__file__).resolve().parents[1].parent / "shared/data/spec_bench_questions.jsonl"))
+OWN_PROMPTS = Path(__file__).resolve().parent / "data" / "prompts.jsonl"
 SHIPPED_DRAFT = Path(__file__).resolve().parents[1] / "drafts" / "smollm2-135m-draft"
 SHIPPED_HEAD = Path(__file__).resolve().parents[1] / "drafts" / "smollm2-135m-head"
 
 
+def own_prompts() -> list[str]:
+    """13 first turns, one per category; shipped with the tests."""
+    return first_turns(OWN_PROMPTS)
+
+
 def spec_bench_prompts(count_per_category: int = 1) -> list[str]:
     if not QUESTIONS.is_file():
-        pytest.skip(f"Spec-Bench questions not found at {QUESTIONS} (set OPTTREE_SPEC_BENCH)")
+        pytest.skip(f"Spec-Bench questions not found at {QUESTIONS} (set OPTTREE_SPEC_BENCH); "
+                    "the other real-model tests use tests/data/prompts.jsonl")
+    return first_turns(QUESTIONS, count_per_category)
+
+
+def first_turns(path: Path, count_per_category: int = 1) -> list[str]:
     seen: dict[str, int] = {}
     prompts = []
-    for line in QUESTIONS.read_text().splitlines():
+    for line in path.read_text().splitlines():
         q = json.loads(line)
         if seen.get(q["category"], 0) < count_per_category:
             seen[q["category"]] = seen.get(q["category"], 0) + 1
@@ -52,8 +65,19 @@ def real_draft(smollm2):
     return truncated_draft(target, 2)
 
 
+def test_greedy_equality_on_the_projects_prompts(smollm2, real_draft):
+    check_prompts(smollm2, SpeculativeGenerator(smollm2[0], real_draft, nodes=16, threshold=0.3, max_depth=6))
+
+
 def test_greedy_equality_on_spec_bench(smollm2, real_draft):
-    check_spec_bench(smollm2, SpeculativeGenerator(smollm2[0], real_draft, nodes=16, threshold=0.3, max_depth=6))
+    check_prompts(smollm2, SpeculativeGenerator(smollm2[0], real_draft, nodes=16, threshold=0.3, max_depth=6),
+                  spec_bench_prompts())
+
+
+def test_greedy_equality_with_the_default_tree_and_a_draft_folder(smollm2):
+    """No tree arguments (nodes/threshold "auto") and the shipped head given as a folder."""
+    target, _ = smollm2
+    check_prompts(smollm2, SpeculativeGenerator(target, str(SHIPPED_HEAD)), own_prompts()[:4])
 
 
 def test_greedy_equality_with_the_shipped_feature_head_and_lookup(smollm2):
@@ -62,15 +86,15 @@ def test_greedy_equality_with_the_shipped_feature_head_and_lookup(smollm2):
 
     target, _ = smollm2
     head = load_draft(SHIPPED_HEAD, target)
-    accepted = check_spec_bench(smollm2, SpeculativeGenerator(target, MixedDrafter(head), nodes=8, threshold=0.3))
+    accepted = check_prompts(smollm2, SpeculativeGenerator(target, MixedDrafter(head), nodes=8, threshold=0.3))
     assert sum(accepted) / len(accepted) > 1.3  # the trained head (and lookup) really is accepted
 
 
-def check_spec_bench(smollm2, gen) -> list[int]:
+def check_prompts(smollm2, gen, prompts: list[str] | None = None) -> list[int]:
     """Greedy equality on one first turn per category (24 new tokens); returns accept lengths."""
     target, tok = smollm2
-    prompts = spec_bench_prompts()
-    assert len(prompts) >= 10
+    prompts = own_prompts() if prompts is None else prompts
+    assert len(prompts) >= 4
     accepted = []
     for text in prompts:
         ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
@@ -84,14 +108,14 @@ def check_spec_bench(smollm2, gen) -> list[int]:
     return accepted
 
 
-def test_batched_greedy_equality_on_spec_bench(smollm2, real_draft):
+def test_batched_greedy_equality(smollm2, real_draft):
     """Three prompts of different lengths, left-padded, in one batch: row by row what the target's
     own batched greedy generate() returns."""
     from opttree import speculative_generate
 
     target, tok = smollm2
     rows = []
-    for text in spec_bench_prompts()[:3]:
+    for text in own_prompts()[:3]:
         ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
                                       return_tensors="pt", return_dict=True)["input_ids"][0, -64:]
         rows.append(ids)

@@ -1,4 +1,4 @@
-"""The ``opttree`` command: ``opttree distill ...`` and ``opttree bench ...``."""
+"""The ``opttree`` command (also ``python -m opttree``): ``opttree distill ...`` and ``opttree bench ...``."""
 
 from __future__ import annotations
 
@@ -6,20 +6,35 @@ import importlib
 import sys
 
 COMMANDS = {
-    "distill": ("opttree.distill.cli", "train a same-vocabulary draft for a target"),
+    "distill": ("opttree.distill.cli", "train a same-vocabulary draft for a target (hours on a CPU; see --help)"),
     "bench": ("opttree.bench.cli", "Spec-Bench side by side with plain generate() and HF assisted generation"),
 }
 
 
+def usage() -> str:
+    lines = ["usage: opttree {distill,bench} [options]   (opttree COMMAND --help for its options)",
+             "       opttree --version", ""]
+    lines += [f"  {name:8s} {help_text}" for name, (_, help_text) in COMMANDS.items()]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Exit codes: 0 (done, or help asked for), 2 (no or an unknown command), else the command's."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
-        print("usage: opttree {distill,bench} [options]\n")
-        for name, (_, help_text) in COMMANDS.items():
-            print(f"  {name:8s} {help_text}")
-        return 0 if argv[:1] in ([], ["-h"], ["--help"]) else 2
+    if argv[:1] in (["-h"], ["--help"]):
+        print(usage())
+        return 0
+    if argv[:1] in (["-V"], ["--version"]):
+        from . import __version__
+
+        print(f"opttree {__version__}")
+        return 0
+    if not argv or argv[0] not in COMMANDS:
+        problem = "no command given" if not argv else f"unknown command {argv[0]!r}"
+        print(f"{usage()}\n\nopttree: error: {problem}", file=sys.stderr)
+        return 2
     module = importlib.import_module(COMMANDS[argv[0]][0])
-    return int(module.main(argv[1:]) or 0)
+    return int(module.main(argv[1:], prog=f"opttree {argv[0]}") or 0)
 
 
 if __name__ == "__main__":

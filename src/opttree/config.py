@@ -30,6 +30,9 @@ class TreeConfig:
                Verification): sampling.py. All are lossless; greedy decoding always matches.
     static_tree: for ``strategy="static"``: the tree as root-to-node paths of sibling ranks,
                e.g. ``((0,), (1,), (0, 0))``.
+
+    These field defaults complete the arguments a user gives. A generate() call given NEITHER
+    ``nodes`` NOR ``threshold`` runs ``nodes="auto", threshold="auto"`` where it can (opttree.defaults).
     """
 
     nodes: int = 60

@@ -13,14 +13,15 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from .batch import check_batch, speculative_decode_batch
 from .config import TreeConfig
-from .drafters import make_drafter
+from .defaults import TREE_ARGS, given_settings, resolve
+from .drafters import load_if_path, make_drafter
 from .drafters.feature_head import FeatureHeadDrafter
 from .drafters.model import BatchModelDrafter, ModelDrafter
 from .fast_linear import weight_major
 from .generation import speculative_decode
 from .sampling import draft_to_probs
 from .stats import GenerationStats
-from .validation import check_inputs, check_pair, context_length, is_batch
+from .validation import check_generation_mode, check_inputs, check_pair, context_length, is_batch
 from . import budget, kv_cache
 
 
@@ -31,10 +32,14 @@ class SpeculativeDecoderOnlyOutput(GenerateDecoderOnlyOutput):
     stats: GenerationStats | None = None
 
 
-def _decode(model, draft_model, config: TreeConfig, input_ids, logits_processor, stopping_criteria,
+def _decode(model, draft_model, given: dict, input_ids, logits_processor, stopping_criteria,
             generation_config, streamer, generator, model_kwargs):
+    """given: the tree arguments the user passed (defaults.py resolves the rest)."""
     if draft_model is None:
         raise ValueError("speculative generation needs draft_model=<a small causal LM with the target's vocabulary>")
+    TreeConfig(**given)  # bad settings fail before anything is loaded
+    check_generation_mode(generation_config)
+    draft_model = load_if_path(draft_model, model)  # a draft folder: loaded once for this call
     drafter = make_drafter(draft_model, model)
     if generation_config.do_sample and isinstance(drafter, (ModelDrafter, FeatureHeadDrafter)) and drafter is not draft_model:
         drafter.to_probs = draft_to_probs(logits_processor)  # the tree sees the q the verifier sees
@@ -44,7 +49,9 @@ def _decode(model, draft_model, config: TreeConfig, input_ids, logits_processor,
         max_context = min(max_context or draft_context, draft_context)
     attention_mask = model_kwargs.get("attention_mask")
     check_inputs(input_ids, attention_mask, max_context)
-    if is_batch(input_ids, attention_mask):
+    batch = is_batch(input_ids, attention_mask)
+    config = resolve(given, batch=batch, can_calibrate=budget.calibration_prefix(model, drafter) is not None)
+    if batch:
         return _decode_batch(model, drafter, config, input_ids, attention_mask, logits_processor, stopping_criteria,
                              generation_config, streamer, generator, model_kwargs.get("past_key_values"), max_context)
     # nodes/threshold="auto": measure this machine (a scratch drafter of the same kind is timed)
@@ -111,12 +118,10 @@ def _decode_batch(model, drafter, config: TreeConfig, input_ids, attention_mask,
     return result.sequences
 
 
-TREE_ARGS = ("nodes", "threshold", "max_depth", "strategy", "verifier", "static_tree")
-
-
 def tree_config(**given) -> TreeConfig:
-    """A TreeConfig from the arguments a user passed (None = the default)."""
-    return TreeConfig(**{k: v for k, v in given.items() if v is not None})
+    """A TreeConfig from the arguments a user passed (None = TreeConfig's default). generate() itself
+    resolves left-out ``nodes``/``threshold`` with :func:`opttree.defaults.resolve` ("auto" where it can)."""
+    return TreeConfig(**given_settings(**given))
 
 
 def speculative_generate(
@@ -142,19 +147,19 @@ def speculative_generate(
     ``verifier`` and ``static_tree`` are :class:`TreeConfig`'s; ``generator`` seeds sampling.
     (generate() does not hand a ``streamer`` to a custom_generate callable: to stream, use
     :func:`speculative` or :class:`SpeculativeGenerator`.)"""
-    config = tree_config(nodes=nodes, threshold=threshold, max_depth=max_depth, strategy=strategy,
-                         verifier=verifier, static_tree=static_tree)
-    return _decode(model, draft_model, config, input_ids, logits_processor, stopping_criteria,
+    given = given_settings(nodes=nodes, threshold=threshold, max_depth=max_depth, strategy=strategy,
+                           verifier=verifier, static_tree=static_tree)
+    return _decode(model, draft_model, given, input_ids, logits_processor, stopping_criteria,
                    generation_config, streamer, generator, model_kwargs)
 
 
-def _bound(draft_model, config: TreeConfig, streamer, generator):
+def _bound(draft_model, given: dict, streamer, generator):
     """A custom_generate callable with opttree's arguments bound (and the user's streamer)."""
 
     def custom_generate(model, input_ids, logits_processor, stopping_criteria, generation_config,
                         synced_gpus=False, **model_kwargs):
         model_kwargs.pop("streamer", None)
-        return _decode(model, draft_model, config, input_ids, logits_processor, stopping_criteria,
+        return _decode(model, draft_model, given, input_ids, logits_processor, stopping_criteria,
                        generation_config, streamer, generator, model_kwargs)
 
     return custom_generate
@@ -165,55 +170,98 @@ class SpeculativeGenerationMixin:
     without ``draft_model`` generate() is untouched."""
 
     def generate(self, *args, draft_model=None, generator=None, **kwargs):
-        given = {k: kwargs.pop(k) for k in TREE_ARGS if k in kwargs}
+        given = given_settings(**{k: kwargs.pop(k) for k in TREE_ARGS if k in kwargs})
         if draft_model is None:
             if given or generator is not None:
                 raise ValueError(f"{sorted(given) or ['generator']} need draft_model=")
             return super().generate(*args, **kwargs)
+        custom = kwargs.pop("custom_generate", None)
+        if custom is not None and custom is not speculative_generate:
+            raise ValueError("draft_model= runs opttree through generate()'s custom_generate hook; pass "
+                             "draft_model= or custom_generate=, not both")
+        if kwargs.get("assistant_model") is not None:
+            raise ValueError("draft_model= and assistant_model= are two speculative methods; pass one (opttree "
+                             "takes the assistant itself as draft_model=)")
+        TreeConfig(**given)  # bad settings fail now, before generate() prepares anything
         streamer = kwargs.pop("streamer", None)
-        bound = _bound(draft_model, tree_config(**given), streamer, generator)
+        bound = _bound(draft_model, given, streamer, generator)
         return super().generate(*args, custom_generate=bound, **kwargs)
+
+    def __reduce_ex__(self, protocol):
+        """Pickling (torch.save, multiprocessing) keeps the speculative class: it is rebuilt from the
+        model's own class by :func:`_new_speculative` rather than looked up by name."""
+        reduced = super().__reduce_ex__(protocol)
+        if not isinstance(reduced, tuple) or len(reduced) < 3:
+            raise TypeError(f"cannot pickle {type(self).__name__}: unexpected reduce value")
+        return (_new_speculative, (type(self)._opttree_base,), *reduced[2:])
+
+
+_CLASSES: dict[type, type] = {}  # a model class -> its speculative subclass (one per class)
+
+
+def speculative_class(cls: type) -> type:
+    """The subclass of ``cls`` with :class:`SpeculativeGenerationMixin` (same name, module and
+    qualified name, so save_pretrained and reprs are unchanged); made once per class."""
+    if cls not in _CLASSES:
+        _CLASSES[cls] = type(cls.__name__, (SpeculativeGenerationMixin, cls),
+                             {"__module__": cls.__module__, "__qualname__": cls.__qualname__, "_opttree_base": cls})
+    return _CLASSES[cls]
+
+
+def _new_speculative(cls: type):
+    """An empty instance of ``cls``'s speculative subclass, for unpickling (the state follows)."""
+    speculative_cls = speculative_class(cls)
+    return speculative_cls.__new__(speculative_cls)
 
 
 def speculative(model):
     """Give an existing transformers model the generate() that accepts ``draft_model=``.
 
     The model keeps its weights, config and class name (so save_pretrained is unchanged); only
-    its class gains :class:`SpeculativeGenerationMixin`. Returns the same object.
+    its class gains :class:`SpeculativeGenerationMixin`. Returns the same object, changed in place:
+    afterwards ``model.generate(...)`` without ``draft_model=`` is still stock generate(), and
+    ``custom_generate=speculative_generate`` still works on it.
     """
     cls = type(model)
     if isinstance(model, SpeculativeGenerationMixin):
         return model
     if not hasattr(model, "generate"):
         raise TypeError(f"{cls.__name__} has no generate(); pass a causal LM such as AutoModelForCausalLM")
-    model.__class__ = type(cls.__name__, (SpeculativeGenerationMixin, cls),
-                           {"__module__": cls.__module__, "__qualname__": cls.__qualname__})
+    model.__class__ = speculative_class(cls)
     return model
 
 
 class SpeculativeGenerator:
     """A target/draft pair with the usual generate() arguments.
 
-    >>> gen = SpeculativeGenerator(target, draft, nodes=60, threshold=0.5)
+    ``draft``: anything ``draft_model=`` takes (a model, a folder written by ``opttree distill``,
+    ``"prompt_lookup"``, a Drafter). Tree arguments left out: see :mod:`opttree.defaults` (with
+    neither ``nodes`` nor ``threshold``, "auto"). ``generator``: a ``torch.Generator`` used for
+    sampling when a generate() call passes none.
+
+    >>> gen = SpeculativeGenerator(target, draft)
     >>> out = gen.generate(**tokenizer(prompt, return_tensors="pt"), max_new_tokens=64)
     >>> gen.last_stats.mean_accepted_tokens
     """
 
     def __init__(self, target, draft, nodes=None, threshold=None, max_depth=None, strategy=None, verifier=None,
-                 static_tree=None, tokenizer=None, draft_tokenizer=None):
+                 static_tree=None, tokenizer=None, draft_tokenizer=None, generator: torch.Generator | None = None):
+        draft = load_if_path(draft, target)
         if not isinstance(draft, str) and not hasattr(draft, "root_probs") and not hasattr(draft, "for_target"):  # a model
             check_pair(target, draft, tokenizer, draft_tokenizer)
         self.target = target
         self.draft = draft
-        self.config = tree_config(nodes=nodes, threshold=threshold, max_depth=max_depth, strategy=strategy,
-                                  verifier=verifier, static_tree=static_tree)
+        self.settings = given_settings(nodes=nodes, threshold=threshold, max_depth=max_depth, strategy=strategy,
+                                       verifier=verifier, static_tree=static_tree)
+        self.config = resolve(self.settings)  # validated now: what one prompt runs with (a batch: see defaults.py)
+        self.generator = generator
         self.last_stats: GenerationStats | None = None
 
     def generate(self, inputs=None, generator: torch.Generator | None = None, **kwargs):
         streamer = kwargs.pop("streamer", None)
         want_dict = kwargs.pop("return_dict_in_generate", False)
         out = self.target.generate(
-            inputs, custom_generate=_bound(self.draft, self.config, streamer, generator),
+            inputs, custom_generate=_bound(self.draft, self.settings, streamer, generator or self.generator),
             return_dict_in_generate=True, **kwargs,
         )
         self.last_stats = out.stats

@@ -39,6 +39,7 @@ def check_pair(target, draft, tokenizer=None, draft_tokenizer=None) -> None:
     """The draft must share the target's vocabulary and both must accept tree masks."""
     if getattr(target.config, "is_encoder_decoder", False) or getattr(draft.config, "is_encoder_decoder", False):
         raise NotImplementedError("opttree supports decoder-only causal LMs; encoder-decoder models are not supported")
+    check_assembled_draft(draft)
     check_attention(target, "target")
     check_attention(draft, "draft")
     t, d = vocab_size(target), vocab_size(draft)
@@ -62,6 +63,11 @@ def is_batch(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> bo
 
 
 def check_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor | None, max_context: int | None) -> None:
+    if input_ids.shape[-1] == 0:
+        raise ValueError(
+            "the prompt is empty (input_ids has 0 tokens): speculative decoding continues a text. Pass at least one "
+            "token (e.g. [[tokenizer.bos_token_id]]), or call generate() without inputs to start from the BOS token"
+        )
     if attention_mask is not None and attention_mask.dim() != 2:
         raise NotImplementedError("opttree takes a 2D attention_mask [batch, length] (1 = token, 0 = left padding)")
     if max_context is not None and input_ids.shape[1] >= max_context:
@@ -69,3 +75,54 @@ def check_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor | None, m
             f"the prompt has {input_ids.shape[1]} tokens but the model's context holds {max_context}; "
             "shorten the prompt (e.g. truncate it with the tokenizer's max_length)"
         )
+
+
+SPECULATIVE_OPTIONS = ("prompt_lookup_num_tokens", "assistant_early_exit", "use_mtp")
+
+
+def check_generation_mode(generation_config) -> None:
+    """opttree replaces generate()'s greedy decoding and sampling, one sequence per prompt; any other
+    mode (beam search, contrastive search, DoLa, HF's own speculative methods) is refused, not dropped."""
+    from transformers.generation.configuration_utils import GenerationMode
+
+    for name in SPECULATIVE_OPTIONS:
+        if getattr(generation_config, name, None):
+            raise ValueError(
+                f"draft_model= and {name}= are two speculative methods; pass one. opttree's own prompt lookup is "
+                "draft_model='prompt_lookup', and MixedDrafter(draft) mixes it with a draft model "
+                "(from opttree.drafters import MixedDrafter)"
+            )
+    mode = generation_config.get_generation_mode()
+    if mode in (GenerationMode.GREEDY_SEARCH, GenerationMode.SAMPLE):
+        if not generation_config.do_sample and (generation_config.num_return_sequences or 1) > 1:
+            raise ValueError(f"greedy decoding returns one sequence per prompt (num_return_sequences="
+                             f"{generation_config.num_return_sequences}): pass do_sample=True for several samples")
+        return
+    if generation_config.num_beams and generation_config.num_beams > 1:
+        raise NotImplementedError(
+            f"opttree decodes one sequence per prompt (greedy or sampled) and cannot run beam search "
+            f"(num_beams={generation_config.num_beams}): pass num_beams=1, or drop draft_model= for beam search"
+        )
+    raise NotImplementedError(
+        f"opttree replaces greedy decoding and sampling only; these generate() arguments ask for "
+        f"{mode.value.replace('_', ' ')}: drop them, or drop draft_model= for that mode"
+    )
+
+
+def check_assembled_draft(draft) -> None:
+    """A draft saved by ``opttree distill`` stores only its own weights: loaded with from_pretrained,
+    its embedding and output head stay random (it then runs, but drafts noise). Refuse it."""
+    from pathlib import Path
+
+    from .distill.model import META_FILE, ReducedVocabHead
+
+    source = str(draft.config.name_or_path or "")
+    if not source or not (Path(source) / META_FILE).is_file():
+        return
+    if isinstance(draft.get_output_embeddings(), ReducedVocabHead):
+        return
+    raise ValueError(
+        f"{source} is an opttree draft: it takes its embedding and output rows from the target, so "
+        "from_pretrained() leaves them random. Load it with opttree.distill.load_draft(path, target), "
+        "or pass the folder itself: draft_model=path"
+    )

@@ -11,8 +11,8 @@ from pathlib import Path
 import torch
 
 from ..config import STRATEGIES, VERIFIERS
-from .methods import METHODS, parse_tree_spec
-from .questions import TASKS, load_questions, select_questions
+from .methods import HF_METHODS, METHODS, parse_tree_spec
+from .questions import CATEGORIES, QUICK_QUESTIONS, SPEC_BENCH_URL, TASKS, load_questions, select_questions
 
 logger = logging.getLogger("opttree.bench")
 
@@ -28,17 +28,32 @@ def _or_auto(cast):
     return convert
 
 
-def parser() -> argparse.ArgumentParser:
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows a default where there is one (never "(default: None)"; those say it in words)."""
+
+    def _get_help_string(self, action):
+        if action.default is None or action.default is False or action.default == []:
+            return action.help
+        return super()._get_help_string(action)
+
+
+ALL_METHODS = tuple(x for m in HF_METHODS for x in (m, f"{m}-wm")) + ("opttree", "opttree-lookup")
+
+
+def parser(prog: str = "python -m opttree.bench") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m opttree.bench",
+        prog=prog,
         description="Spec-Bench for YOUR model pair: plain generate(), HF assisted generation, HF prompt "
                     "lookup and opttree side by side (greedy, batch 1), interleaved per prompt, every output "
                     "checked against plain greedy generate(). Writes summary.md, records.jsonl, Spec-Bench "
                     "answer files and plots. Exit code 1 if any method's output differs from plain.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
+        epilog=f"Try it: {prog} --quick --draft drafts/smollm2-135m-head --assistant drafts/smollm2-135m-draft "
+               f"(from the repository's root). The numbers that count need Spec-Bench's questions: {SPEC_BENCH_URL}.",
     )
-    p.add_argument("--questions", required=True,
-                   help="Spec-Bench question file (data/spec_bench/question.jsonl from github.com/hemingkx/Spec-Bench)")
+    p.add_argument("--questions", default=None,
+                   help="a Spec-Bench question file (get it from " + SPEC_BENCH_URL + "); default: the 13 "
+                        "questions shipped with opttree (one per category, written for a quick try, not Spec-Bench's)")
     p.add_argument("--target", default="smollm2",
                    help="'smollm2' (SmolLM2-135M-Instruct), a folder holding its GGUF file, or a from_pretrained path")
     p.add_argument("--draft", default=None,
@@ -51,17 +66,20 @@ def parser() -> argparse.ArgumentParser:
                    help="opttree drafts with the draft AND prompt lookup mixed (opttree.drafters.MixedDrafter, "
                         "this n-gram weight where the text matched)")
     p.add_argument("--methods", default=",".join(METHODS),
-                   help="comma-separated: plain, assisted, lookup, opttree, opttree-lookup (plain is always run)")
+                   help=f"comma-separated, from: {', '.join(ALL_METHODS)}; -wm: the HF method under opttree's CPU "
+                        "kernel; plain is always run")
     p.add_argument("--categories", default=None,
-                   help=f"comma-separated Spec-Bench tasks ({', '.join(TASKS)}) or file categories (writing, ...)")
-    p.add_argument("--per-category", type=int, default=None, help="questions per category (default: all)")
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--max-turns", type=int, default=None, help="turns per question (default: all)")
+                   help=f"comma-separated Spec-Bench tasks ({', '.join(TASKS)}) or file categories "
+                        f"({', '.join(CATEGORIES[:3])}, ...); default: the six tasks (the shipped questions: "
+                        "all 13 categories)")
+    p.add_argument("--per-category", type=int, default=None, help="questions per category; default: all")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per answer; --quick: 16")
+    p.add_argument("--max-turns", type=int, default=None, help="turns per question; default: all")
     p.add_argument("--warmup", type=int, default=1, help="untimed runs of every method before measuring")
-    tree = p.add_argument_group("opttree's tree (default: TreeConfig's)")
+    tree = p.add_argument_group("opttree's tree (none given: nodes and threshold 'auto', see opttree.defaults)")
     tree.add_argument("--nodes", type=_or_auto(int), default=None, help="node budget, or 'auto'")
     tree.add_argument("--threshold", type=_or_auto(float), default=None, help="δ, or 'auto'")
-    tree.add_argument("--max-depth", type=int, default=None)
+    tree.add_argument("--max-depth", type=int, default=None, help="deepest tree layer; default: TreeConfig's (10)")
     tree.add_argument("--strategy", default=None, help=f"one of {', '.join(STRATEGIES)}")
     tree.add_argument("--verifier", default=None, help=f"one of {', '.join(VERIFIERS)}")
     tree.add_argument("--opttree", action="append", default=[], metavar="SPEC",
@@ -76,11 +94,11 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--draft-dtype", default=None, choices=sorted(DTYPES),
                      help="dtype of --draft (default: --dtype); e.g. bfloat16 for a feature head")
     run.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (auto: cuda if present)")
-    run.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    run.add_argument("--threads", type=int, default=None, help="torch threads; default: torch's")
     run.add_argument("--seed", type=int, default=0)
-    run.add_argument("--out", default=None, help="output folder (default: bench-results/<UTC time>)")
+    run.add_argument("--out", default=None, help="output folder; default: bench-results/<UTC time>")
     run.add_argument("--quick", action="store_true",
-                     help="a couple of minutes: 1 question per category, 16 new tokens, 1 warm-up")
+                     help="a couple of minutes: 1 question per category, 16 new tokens, 1 warm-up; what you set yourself stays")
     run.add_argument("--no-plots", action="store_true")
     run.add_argument("--no-progress", action="store_true")
     return p
@@ -94,9 +112,9 @@ def _apply_quick(args, argv: list[str]) -> None:
             setattr(args, key, value)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m opttree.bench") -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    usage = parser()
+    usage = parser(prog)
     args = usage.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if args.quick:
@@ -111,6 +129,10 @@ def main(argv: list[str] | None = None) -> int:
     from .runner import run_bench
 
     categories = [c.strip() for c in args.categories.split(",")] if args.categories else None
+    if args.questions is None:
+        logger.info("no --questions: the 13 questions shipped with opttree (a quick try; for numbers to compare, "
+                    "pass Spec-Bench's file: %s)", SPEC_BENCH_URL)
+        args.questions, categories = str(QUICK_QUESTIONS), categories or list(CATEGORIES)
     try:
         questions = select_questions(load_questions(args.questions), categories, args.per_category)
         extra_trees = [parse_tree_spec(s) for s in args.opttree]
@@ -141,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
                 ", ".join(methods))
     tree = {"nodes": args.nodes, "threshold": args.threshold, "max_depth": args.max_depth,
             "strategy": args.strategy, "verifier": args.verifier}
-    header = {"command": "python -m opttree.bench " + " ".join(argv), "target_spec": args.target,
+    header = {"command": f"{prog} " + " ".join(argv), "target_spec": args.target,
               "draft_spec": args.draft, "assistant_spec": args.assistant or (args.draft if uses_assistant & set(methods) else None), "questions_file": str(args.questions),
               "categories": ",".join(dict.fromkeys(q.group for q in questions)), "quick": args.quick}
     result = run_bench(
@@ -155,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out or Path("bench-results") / time.strftime("%Y%m%d-%H%M%S", time.gmtime()))
     written = result.write(out, plots=not args.no_plots)
     print(result.markdown())
-    print(f"written to {out}/: " + ", ".join(sorted(p.name for p in written.values())))
+    print(f"written to {out}/: " + ", ".join(sorted(str(p.relative_to(out)) for p in written.values())))
     if not result.ok:
         bad = sorted({r.method for r in result.mismatches})
         print("\n" + "!" * 78 + f"\nFAILED: {', '.join(bad)} produced output different from plain greedy generate() "

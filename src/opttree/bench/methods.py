@@ -23,7 +23,8 @@ import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
 from ..fast_linear import weight_major
-from ..integration import TREE_ARGS, speculative_generate, tree_config
+from ..defaults import TREE_ARGS, given_settings, resolve
+from ..integration import speculative_generate
 from ..stats import GenerationStats
 
 METHODS = ("plain", "plain-wm", "assisted", "lookup", "opttree")  # the default set
@@ -130,7 +131,7 @@ def opttree_method(target, draft, name: str = "opttree", **tree) -> Method:
     unknown = set(tree) - set(TREE_ARGS)
     if unknown:
         raise ValueError(f"unknown tree settings {sorted(unknown)}; known: {', '.join(TREE_ARGS)}")
-    config = tree_config(**tree)  # validates now, not on the first prompt
+    config = resolve(given_settings(**tree))  # validates now; what one prompt runs with (opttree.defaults)
 
     def generate(input_ids, max_new_tokens):
         out = target.generate(input_ids, custom_generate=speculative_generate, draft_model=draft,

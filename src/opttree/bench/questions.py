@@ -13,8 +13,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
+SPEC_BENCH_URL = "https://github.com/hemingkx/Spec-Bench (data/spec_bench/question.jsonl, Apache-2.0)"
+# 13 questions (one per Spec-Bench category, MT-Bench's with two turns) written for this project, so that
+# `opttree bench --quick` runs without the Spec-Bench file; the numbers that count come from Spec-Bench's.
+QUICK_QUESTIONS = Path(__file__).resolve().parent / "data" / "quick_questions.jsonl"
+
 MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
 TASKS = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
+CATEGORIES = MT_BENCH_CATEGORIES + TASKS[1:]  # the 13 file categories
 
 
 @dataclass(frozen=True)
@@ -33,6 +39,9 @@ def as_question(row) -> Question:
     """A Question from a Spec-Bench JSON row (a dict) or a Question."""
     if isinstance(row, Question):
         return row if row.group else replace(row, group=row.task)
+    if not isinstance(row, dict) or "question_id" not in row or not isinstance(row.get("turns"), list):
+        raise ValueError("not a Spec-Bench question: each line must be a JSON object with 'question_id', "
+                         "'category' and 'turns' (a list of user messages)")
     question = Question(question_id=row["question_id"], category=row.get("category", "unknown"),
                         turns=tuple(row["turns"]))
     return replace(question, group=question.task)
@@ -42,12 +51,19 @@ def load_questions(path: str | Path) -> list[Question]:
     """Read a Spec-Bench ``question.jsonl`` (one JSON object a line: question_id, category, turns)."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(
-            f"{path}: no such question file. Get Spec-Bench's from "
-            "https://github.com/hemingkx/Spec-Bench (data/spec_bench/question.jsonl)"
-        )
+        raise FileNotFoundError(f"{path}: no such question file. Get Spec-Bench's from {SPEC_BENCH_URL}")
+    questions = []
     with path.open() as f:
-        return [as_question(json.loads(line)) for line in f if line.strip()]
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                questions.append(as_question(json.loads(line)))
+            except ValueError as error:  # json.JSONDecodeError is a ValueError
+                raise ValueError(f"{path}, line {number}: {error}. Spec-Bench's file: {SPEC_BENCH_URL}") from None
+    if not questions:
+        raise ValueError(f"{path}: no questions in it. Spec-Bench's file: {SPEC_BENCH_URL}")
+    return questions
 
 
 def _round_robin(questions: list[Question]) -> list[Question]:
