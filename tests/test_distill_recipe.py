@@ -70,6 +70,17 @@ val_fraction = 0.2
 """
 
 
+@pytest.fixture(autouse=True)
+def small_local_texts(monkeypatch):
+    """The machine's documents and stdlib take seconds to scan: a few stand-ins keep this fast."""
+    from opttree.distill import sources
+
+    doc = "The quick brown fox jumps over the lazy dog. " * 30
+    monkeypatch.setattr(sources, "local_documents", lambda: (("foxes", doc), ("dogs", doc[::-1])))
+    monkeypatch.setattr(sources, "stdlib_functions", lambda: ("def f(x):\n    return x + 1\n",))
+    monkeypatch.setattr(sources, "german_strings", lambda: ("Das ist ein kurzer Satz auf Deutsch hier.",))
+
+
 @pytest.fixture()
 def recipe_dir(tmp_path):
     tok = tiny_tokenizer()
@@ -135,3 +146,13 @@ def test_shipped_recipes_parse(name):
 
     recipe = load_recipe(Path(__file__).resolve().parents[1] / "drafts" / "smollm2-135m-head" / name)
     assert recipe.stages and all(recipe.train_config(s) for s in recipe.stages)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_the_same_command_runs_on_cuda(recipe_dir):
+    assert main(["--recipe", str(recipe_dir / "recipe.toml"), "--cache", str(recipe_dir / "cache"),
+                 "--out", str(recipe_dir / "out"), "--device", "cuda"]) == 0
+    from transformers import AutoModelForCausalLM
+
+    target = AutoModelForCausalLM.from_pretrained(recipe_dir / "target").eval()
+    assert load_draft(recipe_dir / "out", target).c.num_layers == 2
