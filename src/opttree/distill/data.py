@@ -32,6 +32,7 @@ class DataConfig:
     batch_size: int = 16
     topk: int = 32
     max_prompt_tokens: int = 768
+    bf16: bool = False  # generate under bf16 autocast (2-3x faster on CPUs with AVX512-BF16 and on GPUs)
 
 
 @dataclass
@@ -91,13 +92,14 @@ def answer_batch(model, tokenizer, prompt_ids: list[list[int]], cfg: DataConfig)
     stop = eos_ids(model, tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(stop)
     ids, mask = (t.to(model.device) for t in _left_pad(prompt_ids, pad_id))  # [B, T]
-    out = model.generate(
-        input_ids=ids, attention_mask=mask, max_new_tokens=cfg.max_new_tokens, do_sample=False,
-        output_logits=True, return_dict_in_generate=True, pad_token_id=pad_id,
-        eos_token_id=sorted(stop),
-    )
+    with torch.autocast(device_type=model.device.type, dtype=torch.bfloat16, enabled=cfg.bf16):
+        out = model.generate(
+            input_ids=ids, attention_mask=mask, max_new_tokens=cfg.max_new_tokens, do_sample=False,
+            output_logits=True, return_dict_in_generate=True, pad_token_id=pad_id,
+            eos_token_id=sorted(stop),
+        )
     answers = out.sequences[:, ids.shape[1]:]  # [B, N]
-    logits = torch.stack(out.logits, dim=1)  # [B, N, V]
+    logits = torch.stack(out.logits, dim=1).float()  # [B, N, V]
     top_logits, top_ids = logits.topk(cfg.topk, dim=-1)  # [B, N, k]
     samples = []
     for i, prompt in enumerate(prompt_ids):

@@ -60,6 +60,7 @@ class Source:
     batch_size: int = 32
     max_prompt_tokens: int = 768
     topk: int = 16
+    bf16: bool = False  # answers: generate under bf16 autocast (the greedy answers of a bf16 target)
     seed: int | None = None  # default: the recipe's
 
 

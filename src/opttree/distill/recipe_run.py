@@ -86,7 +86,7 @@ def make_source(recipe: Recipe, source: Source, target, tokenizer, folder: Path)
     if source.kind == "answers":
         prompts = prompts_of(source.prompts, source.count, seed, recipe.base)
         cfg = DataConfig(max_new_tokens=source.max_new_tokens, batch_size=source.batch_size,
-                         topk=source.topk, max_prompt_tokens=source.max_prompt_tokens)
+                         topk=source.topk, max_prompt_tokens=source.max_prompt_tokens, bf16=source.bf16)
         generate_round(target, tokenizer, prompts, folder, cfg)
     elif not (folder / shard_name(0)).exists():
         save_records(teacher_records(tokenizer, teacher_pairs(source.count, seed), recipe.features.max_len),
