@@ -122,7 +122,7 @@ def stage_done(folder: Path, fp: str) -> bool:
 
 
 def run_stage(recipe: Recipe, stage: Stage, records: list[dict], target, tokenizer, folder: Path,
-              init: Path | None, fp: str) -> dict:
+              init: Path | None, fp: str, init_label: str | None = None) -> dict:
     from .data import eos_ids
     from .features import answer_marker
     from .head_train import train_head
@@ -133,7 +133,7 @@ def run_stage(recipe: Recipe, stage: Stage, records: list[dict], target, tokeniz
     summary = {"fingerprint": fp, "complete": True, "val_agreement_by_depth": result.val_agreement,
                "initial_agreement_by_depth": result.initial_agreement, "steps": result.steps,
                "seconds": round(result.seconds, 1), "train_tokens": result.train_tokens,
-               "init": str(init) if init else None}
+               "init": init_label}  # as the recipe names it: no machine's paths in the manifest
     (folder / STAGE_FILE).write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 
@@ -189,7 +189,8 @@ def run_recipe(recipe: Recipe, cache: str | Path, out: str | Path | None, device
                 records += [r for p in shard_paths(feature_dirs[source.name]) for r in load_records(p)]
             logger.info("stage %s: %d texts from %s", stage.name, len(records),
                         ", ".join(s.name for s in recipe.stage_sources(stage)))
-            summary = run_stage(recipe, stage, records, target, tokenizer, folder, init, fp)
+            label = f"stages/{previous.name}" if stage.init == "^" else (stage.init or None)
+            summary = run_stage(recipe, stage, records, target, tokenizer, folder, init, fp, label)
         manifest["stages"][stage.name] = summary
         previous, previous_fp = folder, fp
     _write(cache, manifest)
