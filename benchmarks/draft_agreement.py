@@ -86,22 +86,49 @@ def agreement_by_category(draft, answers: list[dict]) -> dict[str, tuple[int, in
 @torch.inference_mode()
 def head_agreement_by_category(head, target, answers: list[dict], depths: int = 3) -> dict[str, list[tuple[int, int]]]:
     """``{category: [(hits, tokens) at depth 1, 2, ...]}`` for a feature head."""
-    from opttree.distill.features import features_of
-    from opttree.distill.head_train import make_batch, unrolled
+    return heads_agreement_by_category([head], target, answers, depths)[0]
 
-    result: dict[str, list[list[int]]] = defaultdict(lambda: [[0, 0] for _ in range(depths)])
+
+@torch.inference_mode()
+def heads_agreement_by_category(heads: list, target, answers: list[dict], depths: int = 3) -> list[dict]:
+    """:func:`head_agreement_by_category` of several heads, with ONE target forward per prompt
+    (the union of the target layers the heads read is kept, each head picks its own)."""
+    from opttree.distill.features import features_of
+    from opttree.distill.head_train import make_batch, pick_layers, unrolled
+
+    layers = tuple(sorted({i for h in heads for i in h.c.feature_layers if i != -1})) + (-1,)
+    results = [defaultdict(lambda: [[0, 0] for _ in range(depths)]) for _ in heads]
     for a in answers:
         seq = torch.tensor(a["prompt_ids"] + a["answer_ids"])  # [L]
-        record = features_of(target, seq, topk=1)
-        passes = unrolled(head, make_batch([record]), depths, 0.0)  # depths x [1, L, H]
+        record = features_of(target, seq, topk=1, layers=layers)  # hidden [L, len(layers) * H]
         first = len(a["prompt_ids"]) - 1  # position whose output predicts the first answer token
         truth = seq[first + 1:]  # [n]
-        for d, g in enumerate(passes):
-            start = max(first, d)
-            guess = head.token_ids[head.reduced_logits(g[0, start:-1]).argmax(-1)]
-            result[a["category"]][d][0] += int((guess == truth[start - first:]).sum())
-            result[a["category"]][d][1] += len(guess)
-    return {k: [tuple(x) for x in v] for k, v in result.items()}
+        for head, result in zip(heads, results):
+            own = dict(record, hidden=pick_layers(record["hidden"], layers, head.c.feature_layers))
+            passes = unrolled(head, make_batch([own], head.device), depths, 0.0)  # depths x [1, L, H]
+            for d, g in enumerate(passes):
+                start = max(first, d)
+                guess = head.token_ids[head.reduced_logits(g[0, start:-1]).argmax(-1)].cpu()
+                result[a["category"]][d][0] += int((guess == truth[start - first:]).sum())
+                result[a["category"]][d][1] += len(guess)
+    return [{k: [tuple(x) for x in v] for k, v in r.items()} for r in results]
+
+
+def head_report(name: str, by_depth: dict, answers: list[dict], max_new_tokens: int) -> dict:
+    """The JSON report of one head from its per-category, per-depth counts."""
+    per_cat = {k: v[0] for k, v in by_depth.items()}
+    hits, total = sum(h for h, _ in per_cat.values()), sum(n for _, n in per_cat.values())
+    depths = len(next(iter(by_depth.values())))
+    return {
+        "draft": name, "prompts": len(answers), "answer_tokens": total, "max_new_tokens": max_new_tokens,
+        "agreement_token_weighted": hits / total,
+        "agreement_category_mean": statistics.mean(h / n for h, n in per_cat.values()),
+        "per_category": {k: round(h / n, 4) for k, (h, n) in sorted(per_cat.items())},
+        "agreement_by_depth": [
+            round(sum(v[d][0] for v in by_depth.values()) / max(1, sum(v[d][1] for v in by_depth.values())), 4)
+            for d in range(depths)],
+        "latency_ms": {},
+    }
 
 
 @torch.inference_mode()
@@ -116,7 +143,8 @@ def head_layer_ms(head, target, prefix_len: int, query: int, reps: int) -> float
     times = []
     for _ in range(reps + 3):
         drafter = head.for_target(target)
-        drafter.add_features(torch.randn(prefix_len - 1, head.c.hidden_size, generator=gen))
+        features = torch.randn(1, prefix_len - 1, head.c.feature_width, generator=gen)  # the target's layers
+        drafter.add_features(head.fuse(features)[0])  # what the loop hands a fused head: [T, H]
         drafter.root_probs(prefix)
         t = time.perf_counter()
         drafter.expand(pool, torch.arange(query))
@@ -147,7 +175,8 @@ def forward_ms(model, prefix_len: int, query: int, reps: int, vocab: int) -> flo
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--questions", required=True, type=Path, help="Spec-Bench question.jsonl")
-    p.add_argument("--draft", default=str(Path(__file__).resolve().parents[1] / "drafts" / "smollm2-135m-draft"))
+    p.add_argument("--draft", nargs="+", default=[str(Path(__file__).resolve().parents[1] / "drafts" / "smollm2-135m-draft")],
+                   help="one or more drafts; feature heads share one target forward per prompt")
     p.add_argument("--target", default=None, help="folder holding the SmolLM2 GGUF (default: fetched)")
     p.add_argument("--per-category", type=int, default=5, help="questions per category (0 = all)")
     p.add_argument("--max-new-tokens", type=int, default=64)
@@ -169,7 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     from opttree.smollm2 import load_smollm2
 
     target, tokenizer = load_smollm2(args.target)
-    draft = load_draft(args.draft, target, dtype=getattr(torch, args.draft_dtype) if args.draft_dtype else None)
+    dtype = getattr(torch, args.draft_dtype) if args.draft_dtype else None
+    drafts = [load_draft(path, target, dtype=dtype) for path in args.draft]
     questions = select_questions(args.questions, args.per_category)
     cache_ok = args.answers_cache and args.answers_cache.exists()
     if cache_ok:
@@ -183,40 +213,38 @@ def main(argv: list[str] | None = None) -> int:
         logger.info("target answered %d prompts in %.0f s", len(answers), time.time() - t)
         if args.answers_cache:
             args.answers_cache.write_text(json.dumps(answers))
-    is_head = hasattr(draft, "for_target")
-    by_depth = head_agreement_by_category(draft, target, answers) if is_head else None
-    per_cat = {k: v[0] for k, v in by_depth.items()} if is_head else agreement_by_category(draft, answers)
-    hits = sum(h for h, _ in per_cat.values())
-    total = sum(n for _, n in per_cat.values())
-    report = {
-        "draft": str(args.draft), "prompts": len(answers), "answer_tokens": total,
-        "max_new_tokens": args.max_new_tokens,
-        "agreement_token_weighted": hits / total,
-        "agreement_category_mean": statistics.mean(h / n for h, n in per_cat.values()),
-        "per_category": {k: round(h / n, 4) for k, (h, n) in sorted(per_cat.items())},
-        "latency_ms": {},
-    }
-    if is_head:
-        report["agreement_by_depth"] = [
-            round(sum(v[d][0] for v in by_depth.values()) / max(1, sum(v[d][1] for v in by_depth.values())), 4)
-            for d in range(len(next(iter(by_depth.values()))))]
-        print("feature head agreement by tree depth (teacher-forced tokens, own features):",
-              " ".join(f"{a:.3f}" for a in report["agreement_by_depth"]))
-    print(f"top-1 agreement over {total} answer tokens of {len(answers)} prompts: "
-          f"{report['agreement_token_weighted']:.3f} (category mean {report['agreement_category_mean']:.3f})")
-    for k, v in report["per_category"].items():
-        print(f"  {k:15s} {v:.3f}")
+    heads = [(path, d) for path, d in zip(args.draft, drafts) if hasattr(d, "for_target")]
+    head_counts = heads_agreement_by_category([d for _, d in heads], target, answers) if heads else []
+    reports = []
+    for path, draft in zip(args.draft, drafts):
+        if hasattr(draft, "for_target"):
+            report = head_report(str(path), head_counts[[p for p, _ in heads].index(path)], answers,
+                                 args.max_new_tokens)
+        else:
+            per_cat = agreement_by_category(draft, answers)
+            report = head_report(str(path), {k: [v] for k, v in per_cat.items()}, answers, args.max_new_tokens)
+            del report["agreement_by_depth"]
+        reports.append(report)
+        print(f"== {path}")
+        if "agreement_by_depth" in report:
+            print("feature head agreement by tree depth (teacher-forced tokens, own features):",
+                  " ".join(f"{a:.3f}" for a in report["agreement_by_depth"]))
+        print(f"top-1 agreement over {report['answer_tokens']} answer tokens of {len(answers)} prompts: "
+              f"{report['agreement_token_weighted']:.3f} (category mean {report['agreement_category_mean']:.3f})")
+        for k, v in report["per_category"].items():
+            print(f"  {k:15s} {v:.3f}")
     vocab = target.config.vocab_size
     for q in args.query_tokens:
         t_ms = forward_ms(target, args.prefix, q, args.reps, vocab)
-        d_ms = (head_layer_ms(draft, target, args.prefix, q, args.reps) if is_head
-                else forward_ms(draft, args.prefix, q, args.reps, vocab))
-        report["latency_ms"][str(q)] = {"target": round(t_ms, 2), "draft": round(d_ms, 2),
-                                        "ratio": round(d_ms / t_ms, 4)}
-        print(f"forward of {q} token(s) on a {args.prefix}-token prefix: target {t_ms:.1f} ms, "
-              f"draft {d_ms:.1f} ms, ratio {d_ms / t_ms:.3f}")
+        for report, draft in zip(reports, drafts):
+            d_ms = (head_layer_ms(draft, target, args.prefix, q, args.reps) if hasattr(draft, "for_target")
+                    else forward_ms(draft, args.prefix, q, args.reps, vocab))
+            report["latency_ms"][str(q)] = {"target": round(t_ms, 2), "draft": round(d_ms, 2),
+                                            "ratio": round(d_ms / t_ms, 4)}
+            print(f"{report['draft']}: forward of {q} token(s) on a {args.prefix}-token prefix: "
+                  f"target {t_ms:.1f} ms, draft {d_ms:.1f} ms, ratio {d_ms / t_ms:.3f}")
     if args.json_out:
-        args.json_out.write_text(json.dumps(report, indent=2) + "\n")
+        args.json_out.write_text(json.dumps(reports[0] if len(reports) == 1 else reports, indent=2) + "\n")
     return 0
 
 

@@ -1,9 +1,11 @@
 """Distil a small same-vocabulary draft model from a target model (``opttree distill``).
 
-Pipeline: :mod:`.prompts` (self-made training prompts) → :mod:`.data` (the target's greedy
-answers and top-k logits, cached and resumable) → :mod:`.model` (a draft built from the
-target's own embedding, a few of its layers and a reduced-vocabulary head) → :mod:`.train`
-(soft-label distillation with validation agreement) → :func:`load_draft`.
+Pipeline: :mod:`.prompts` / :mod:`.sources` (self-made prompts, long-document tasks and
+teacher-forced texts from the machine) → :mod:`.data` (the target's greedy answers and top-k
+logits, cached and resumable) → :mod:`.features` (the target's hidden states, for a feature head)
+→ :mod:`.head_train` (an EAGLE-style head, :mod:`.head`) or :mod:`.train` (an independent draft,
+:mod:`.model`) → :func:`load_draft`. :mod:`.recipe` / :mod:`.recipe_run`: the whole of it from one
+recipe file (``opttree distill --recipe``). Cache shards are safetensors (:mod:`.shards`).
 """
 
 from .model import ReducedVocabHead, init_draft, load_draft, save_draft

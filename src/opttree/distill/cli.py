@@ -1,6 +1,14 @@
 """``opttree distill`` / ``python -m opttree.distill``: make a draft model for a target.
 
-Example (the recipe of the shipped SmolLM2 draft is in drafts/smollm2-135m-draft/RECIPE.md)::
+One command rebuilds a shipped draft from its recipe file (:mod:`opttree.distill.recipe`)::
+
+    opttree distill --recipe drafts/smollm2-135m-head/recipe.toml --cache ~/distill-cache \
+        --out my-head --device cuda
+
+Data, features and every training stage are cached under ``--cache`` and resumed when the same
+command runs again; ``--stage data`` / ``features`` stops after that step.
+
+Without a recipe, flags describe one run (the older interface)::
 
     opttree distill --target smollm2 --out my-head --max-minutes 40
 
@@ -47,12 +55,15 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
 def build_parser(prog: str = "opttree distill") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n", 1)[1].replace("``", "`"),
                                 formatter_class=HelpFormatter)
-    p.add_argument("--target", required=True,
+    p.add_argument("--recipe", help="a recipe file (TOML): data sources, stages, seeds, time limits")
+    p.add_argument("--target",
                    help="'smollm2' (SmolLM2-135M-Instruct, fetched once), a folder of the target model "
-                        "(HF format, or holding one .gguf file)")
+                        "(HF format, or holding one .gguf file); required without --recipe")
     p.add_argument("--out", required=True, help="output folder of the draft")
     p.add_argument("--cache", help="data cache folder; default: $OPTTREE_CACHE/distill/<target>")
-    p.add_argument("--stage", choices=["all", "data", "train"], default="all", help="all: answer prompts, then train; data: answer only; train: train on the cached answers")
+    p.add_argument("--stage", choices=["all", "data", "features", "train"], default="all",
+                   help="all: every step; data: answer prompts only; features (with --recipe): stop after "
+                        "the features; train: train on the cached data")
     p.add_argument("--kind", choices=["head", "layers"], default="head",
                    help="head: an EAGLE-style feature head; layers: an independent small model")
     g = p.add_argument_group("data")
@@ -116,6 +127,10 @@ def main(argv: list[str] | None = None, prog: str = "opttree distill") -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
+    if args.recipe:
+        return _run_recipe(args)
+    if not args.target:
+        build_parser().error("--target is required without --recipe")
 
     from ..smollm2 import cache_dir
     from .data import DataConfig, eos_ids
@@ -158,6 +173,23 @@ def main(argv: list[str] | None = None, prog: str = "opttree distill") -> int:
     logger.info("draft saved to %s: val agreement %.3f after %d steps (%.1f min, %d answer tokens)",
                 result.path, result.val_agreement, result.steps, result.seconds / 60,
                 result.train_tokens)
+    return 0
+
+
+def _run_recipe(args) -> int:
+    from .recipe import load_recipe
+    from .recipe_run import run_recipe
+
+    if not args.cache:
+        build_parser().error("--recipe needs --cache (the folder that holds its data and stages)")
+    recipe = load_recipe(args.recipe)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    until = args.stage if args.stage in ("data", "features") else "all"
+    manifest = run_recipe(recipe, args.cache, args.out if until == "all" else None, device, until)
+    if until == "all":
+        last = manifest["stages"][recipe.stages[-1].name]
+        logger.info("%s: draft saved to %s; validation agreement by depth %s", recipe.name, args.out,
+                    " ".join(f"{a:.3f}" for a in last["val_agreement_by_depth"]))
     return 0
 
 

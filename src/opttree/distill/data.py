@@ -4,8 +4,9 @@ Each prompt is wrapped in the target's chat template and answered greedily in le
 batches. For every answer token the target's raw logits give the soft label (top-k ids and
 logits, fp16); the answer token itself IS the target's greedy token there.
 
-Batches are written as shards ``<data_dir>/<round>/shard_00012.pt``; a shard that exists is
-skipped, so an interrupted run resumes where it stopped (prompt order is deterministic).
+Batches are written as shards ``<data_dir>/<round>/shard_00012.safetensors`` (:mod:`.shards`, no
+pickle); a shard that exists is skipped, so an interrupted run resumes where it stopped (prompt
+order is deterministic).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 import torch
 
 from .prompts import Prompt
+from .shards import load_records, save_records, shard_name, shard_paths
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +32,7 @@ class DataConfig:
     batch_size: int = 16
     topk: int = 32
     max_prompt_tokens: int = 768
+    bf16: bool = False  # generate under bf16 autocast (2-3x faster on CPUs with AVX512-BF16 and on GPUs)
 
 
 @dataclass
@@ -89,13 +92,14 @@ def answer_batch(model, tokenizer, prompt_ids: list[list[int]], cfg: DataConfig)
     stop = eos_ids(model, tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(stop)
     ids, mask = (t.to(model.device) for t in _left_pad(prompt_ids, pad_id))  # [B, T]
-    out = model.generate(
-        input_ids=ids, attention_mask=mask, max_new_tokens=cfg.max_new_tokens, do_sample=False,
-        output_logits=True, return_dict_in_generate=True, pad_token_id=pad_id,
-        eos_token_id=sorted(stop),
-    )
+    with torch.autocast(device_type=model.device.type, dtype=torch.bfloat16, enabled=cfg.bf16):
+        out = model.generate(
+            input_ids=ids, attention_mask=mask, max_new_tokens=cfg.max_new_tokens, do_sample=False,
+            output_logits=True, return_dict_in_generate=True, pad_token_id=pad_id,
+            eos_token_id=sorted(stop),
+        )
     answers = out.sequences[:, ids.shape[1]:]  # [B, N]
-    logits = torch.stack(out.logits, dim=1)  # [B, N, V]
+    logits = torch.stack(out.logits, dim=1).float()  # [B, N, V]
     top_logits, top_ids = logits.topk(cfg.topk, dim=-1)  # [B, N, k]
     samples = []
     for i, prompt in enumerate(prompt_ids):
@@ -111,13 +115,17 @@ def answer_batch(model, tokenizer, prompt_ids: list[list[int]], cfg: DataConfig)
     return samples
 
 
-def _progress(total: int, desc: str):
-    """A tqdm bar when tqdm is installed, else ``None`` (progress then goes to the log)."""
+def progress(total: int, desc: str, unit: str = "batch", initial: int = 0):
+    """A tqdm bar (with its ETA) when tqdm is installed, else ``None`` (progress then goes to the log)."""
     try:
         from tqdm.auto import tqdm
     except ImportError:
         return None
-    return tqdm(total=total, desc=desc, unit="batch")
+    return tqdm(total=total, desc=desc, unit=unit, initial=initial, dynamic_ncols=True)
+
+
+def _done(out_dir: Path, b: int) -> bool:
+    return (out_dir / shard_name(b)).exists() or (out_dir / f"shard_{b:05d}.pt").exists()
 
 
 def generate_round(model, tokenizer, prompts: list[Prompt], out_dir: Path, cfg: DataConfig) -> Path:
@@ -127,29 +135,29 @@ def generate_round(model, tokenizer, prompts: list[Prompt], out_dir: Path, cfg: 
     # Similar lengths share a batch (less padding); the order is deterministic, so resumable.
     order = sorted(range(len(prompts)), key=lambda i: (len(tokenised[i]), i))
     batches = [order[s:s + cfg.batch_size] for s in range(0, len(order), cfg.batch_size)]
-    bar = _progress(len(batches), out_dir.name)
+    todo = [b for b in range(len(batches)) if not _done(out_dir, b)]
+    bar = progress(len(batches), out_dir.name, initial=len(batches) - len(todo))
     start, new_tokens = time.time(), 0
-    for b, batch in enumerate(batches):
-        shard = out_dir / f"shard_{b:05d}.pt"
-        if not shard.exists():
-            samples = answer_batch(model, tokenizer, [tokenised[i] for i in batch], cfg)
-            records = [dict(s.to_dict(), prompt=prompts[i].text, kind=prompts[i].kind)
-                       for s, i in zip(samples, batch)]
-            torch.save(records, shard.with_suffix(".tmp"))
-            shard.with_suffix(".tmp").rename(shard)
-            new_tokens += sum(len(s.topk_ids) for s in samples)
-            rate = new_tokens / max(time.time() - start, 1e-9)
-            logger.info("%s: batch %d/%d done, %.1f answer tok/s", out_dir.name, b + 1, len(batches), rate)
+    for b in todo:
+        batch = batches[b]
+        samples = answer_batch(model, tokenizer, [tokenised[i] for i in batch], cfg)
+        records = [dict(s.to_dict(), prompt=prompts[i].text, kind=prompts[i].kind)
+                   for s, i in zip(samples, batch)]
+        save_records(records, out_dir / shard_name(b))
+        new_tokens += sum(len(s.topk_ids) for s in samples)
+        rate = new_tokens / max(time.time() - start, 1e-9)
+        logger.debug("%s: batch %d/%d done, %.1f answer tok/s", out_dir.name, b + 1, len(batches), rate)
         if bar is not None:
             bar.update(1)
+            bar.set_postfix_str(f"{rate:.0f} answer tok/s")
     if bar is not None:
         bar.close()
     return out_dir
 
 
 def load_round(out_dir: Path) -> list[dict]:
-    """All records of one round, in shard order."""
+    """All records of one round, in shard order (never unpickles: see :mod:`.shards`)."""
     records = []
-    for shard in sorted(Path(out_dir).glob("shard_*.pt")):
-        records.extend(torch.load(shard, weights_only=False))
+    for shard in shard_paths(out_dir):
+        records.extend(load_records(shard))
     return records

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -41,13 +41,16 @@ def output_rows(target, token_ids: torch.Tensor) -> torch.Tensor:
     return head.weight[token_ids.to(head.weight.device)].detach().float().cpu()
 
 
-def new_head(target, token_ids: torch.Tensor | None = None, init_layer: int | None = None) -> tuple[FeatureHead, HeadMeta]:
+def new_head(target, token_ids: torch.Tensor | None = None, init_layer: int | None = None,
+             num_layers: int = 1, feature_layers: tuple[int, ...] = (-1,)) -> tuple[FeatureHead, HeadMeta]:
     """An untrained head for ``target`` over ``token_ids`` [K] (default: the whole vocabulary).
 
-    ``init_layer``: copy that decoder layer of the target into the head's layer (Llama-style
-    targets, whose layers have the same parameter names and shapes); None = random init.
+    ``init_layer``: copy that decoder layer of the target into the head's last layer, and the
+    ones before it into its earlier layers (Llama-style targets, whose layers have the same
+    parameter names and shapes); None = random init. ``num_layers``, ``feature_layers``: see
+    :class:`HeadConfig` (a fused head starts as the plain one: :meth:`FeatureHead.fuse`).
     """
-    c = HeadConfig.for_target(target.config)
+    c = replace(HeadConfig.for_target(target.config), num_layers=num_layers, feature_layers=tuple(feature_layers))
     ids = torch.arange(c.vocab_size) if token_ids is None else token_ids.cpu().long()
     head = FeatureHead(c, target.get_input_embeddings(), output_rows(target, ids), ids)
     with torch.no_grad():  # fc starts as "take the feature" (identity on that half): a sane start
@@ -56,7 +59,10 @@ def new_head(target, token_ids: torch.Tensor | None = None, init_layer: int | No
         head.fc.bias.zero_()
     if init_layer is not None:
         layers = target.get_decoder().layers
-        head.layer.load_state_dict({k: v.float() for k, v in layers[init_layer].state_dict().items()})
+        first = init_layer % len(layers) - (num_layers - 1)
+        for i, layer in enumerate([head.layer, *head.more_layers]):
+            source = layers[max(first + i, 0)]
+            layer.load_state_dict({k: v.float() for k, v in source.state_dict().items()})
         norm = getattr(target.get_decoder(), "norm", None)
         if norm is not None:
             head.norm.weight.data.copy_(norm.weight.detach().float())
@@ -129,3 +135,28 @@ def widened(head: FeatureHead, target, extra_ids: torch.Tensor) -> FeatureHead:
         bias = torch.cat([head.out_bias.detach().float().cpu(), low.expand(len(extra))])
         wide.out_bias.copy_(bias[order])
     return wide.to(head.device).train(head.training)
+
+
+def grown(head: FeatureHead, meta: HeadMeta, target, num_layers: int,
+          feature_layers: tuple[int, ...]) -> tuple[FeatureHead, HeadMeta]:
+    """``head`` with more layers and/or more fused target layers, computing exactly what it did:
+    each added layer is a copy of the last one with its output projections (``o_proj``,
+    ``down_proj``) zeroed, so it starts as the identity; the fusion starts at zero
+    (:meth:`FeatureHead.fuse`). Unchanged when the shape already matches; never shrinks."""
+    c = head.c
+    feature_layers = tuple(feature_layers)
+    if (num_layers, feature_layers) == (c.num_layers, c.feature_layers):
+        return head, meta
+    if num_layers < c.num_layers or (feature_layers != c.feature_layers and len(c.feature_layers) > 1):
+        raise ValueError(f"cannot turn a head of {c.num_layers} layers reading {c.feature_layers} into "
+                         f"one of {num_layers} layers reading {feature_layers}")
+    new_c = replace(c, num_layers=num_layers, feature_layers=feature_layers)
+    big = FeatureHead(new_c, head.embed[0], head.out_weight, head.token_ids)
+    big.load_state_dict(head.state_dict(), strict=False)
+    last = [head.layer, *head.more_layers][-1]
+    with torch.no_grad():
+        for layer in list(big.more_layers)[c.num_layers - 1:]:
+            layer.load_state_dict(last.state_dict())
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+    return big.to(head.device).train(head.training), replace(meta, config=new_c.to_dict())

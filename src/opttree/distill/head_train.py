@@ -42,7 +42,7 @@ import torch
 from torch import nn
 
 from ..drafters.feature_head import FeatureHead
-from .head import continued_head, new_head, save_head, widened
+from .head import continued_head, grown, new_head, save_head, widened
 from .train import kept_tokens, lr_at, ranked_tokens, soft_hard_loss, split_records
 
 logger = logging.getLogger(__name__)
@@ -68,11 +68,14 @@ class HeadTrainConfig:
     save_dtype: str = "float16"
     bf16: bool = True  # bf16 autocast for training matmuls (~5x faster on CPUs with AVX512-BF16)
     answers_only: bool = False  # loss only where the label is an answer token (needs answer_marker)
+    num_layers: int = 1  # decoder layers of the head (HeadConfig.num_layers)
+    feature_layers: tuple[int, ...] = (-1,)  # target layers the head reads (HeadConfig.feature_layers)
 
 
 @dataclass
 class FeatureBatch:
-    """Right-padded texts. ``tokens`` [B, L] long; ``features`` [B, L, H] float (f_j);
+    """Right-padded texts. ``tokens`` [B, L] long; ``features`` [B, L, F] float (the target's
+    ``feature_layers`` at j, concatenated: F = len(feature_layers) * H; the last H columns are f_j);
     ``valid`` [B, L] bool; ``topk_ids`` [B, L, k] long and ``topk_logits`` [B, L, k] float;
     ``answer`` [B, L] bool: valid positions whose label is an answer token (see the module doc)."""
 
@@ -105,18 +108,34 @@ def pieces(length: int, max_len: int, from_end: bool) -> list[tuple[int, int]]:
     return [(max(e - max_len, 0), e) for e in range(length, 0, -max_len)][::-1]
 
 
-def chunks(records: list[dict], max_len: int, marker: list[int] = (), answers_only: bool = False) -> list[dict]:
+def pick_layers(hidden: torch.Tensor, stored: tuple[int, ...], wanted: tuple[int, ...]) -> torch.Tensor:
+    """Features [L, len(stored) * H] of the target layers ``stored`` -> those of ``wanted``
+    [L, len(wanted) * H] (each of which must be stored)."""
+    stored, wanted = tuple(stored), tuple(wanted)
+    if stored == wanted:
+        return hidden
+    missing = [i for i in wanted if i not in stored]
+    if missing:
+        raise ValueError(f"the cached features hold target layers {stored}, not {missing}: extract them again")
+    h = hidden.shape[-1] // len(stored)
+    return torch.cat([hidden[:, stored.index(i) * h:(stored.index(i) + 1) * h] for i in wanted], dim=-1)
+
+
+def chunks(records: list[dict], max_len: int, marker: list[int] = (), answers_only: bool = False,
+           layers: tuple[int, ...] = (-1,)) -> list[dict]:
     """Texts cut into pieces of at most ``max_len`` positions; each piece's ``answer_from`` is
     the first position whose label (the next token) is an answer token. ``answers_only``: cut
     from the end (so an answer keeps as much of its prompt as fits) and drop the pieces with no
-    answer position, which would cost compute and teach nothing."""
+    answer position, which would cost compute and teach nothing. ``layers``: the target layers
+    the head reads, taken from each record's (``record["layers"]``, default the last alone)."""
     out = []
     for r in records:
         first = max(answer_start(r["input_ids"], list(marker)) - 1, 0)
         for s, e in pieces(len(r["input_ids"]), max_len, from_end=answers_only):
             if answers_only and e <= first:
                 continue
-            piece = {k: r[k][s:e] for k in ("input_ids", "hidden", "topk_ids", "topk_logits")}
+            piece = {k: r[k][s:e] for k in ("input_ids", "topk_ids", "topk_logits")}
+            piece["hidden"] = pick_layers(r["hidden"][s:e], tuple(r.get("layers", (-1,))), layers)
             out.append(dict(piece, answer_from=max(first - s, 0)))
     return out
 
@@ -161,10 +180,11 @@ def shifted(features: torch.Tensor) -> torch.Tensor:
 
 
 def unrolled(head: FeatureHead, batch: FeatureBatch, unroll: int, noise: float) -> list[torch.Tensor]:
-    """The head's predicted features of each pass: ``unroll`` tensors [B, L, H]."""
+    """The head's predicted features of each pass: ``unroll`` tensors [B, L, H]. Pass 0 reads
+    the target's features, fused (:meth:`FeatureHead.fuse`), plus noise."""
     b, length = batch.tokens.shape
     positions = torch.arange(length, device=batch.tokens.device).expand(b, -1)
-    features = batch.features
+    features = head.fuse(batch.features)  # [B, L, H]
     if noise > 0:
         scale = features.pow(2).mean().sqrt() * noise
         features = features + (torch.rand_like(features) * 2 - 1) * scale
@@ -184,7 +204,7 @@ def pass_loss(head: FeatureHead, g: torch.Tensor, batch: FeatureBatch, depth: in
     answer positions only if ``answers_only``."""
     where = (batch.answer if answers_only else batch.valid).clone()
     where[:, :depth] = False
-    pred, true = g[where], batch.features[where]  # [N, H]
+    pred, true = g[where], batch.features[..., -g.shape[-1]:][where]  # [N, H]: f_j is the last layer
     logits = head.reduced_logits(pred)  # [N, K]
     ids = batch.topk_ids[where]
     loss = soft_hard_loss(logits, ids, batch.topk_logits[where], ids[:, 0], full_to_kept)
@@ -260,15 +280,17 @@ def train_head(target, records: list[dict], out_dir: str | Path, cfg: HeadTrainC
         train, val = split_records(records, cfg.val_fraction, cfg.seed)
     else:
         train, val = records, val_records
-    train = chunks(train, cfg.max_len, answer_marker, cfg.answers_only)
-    val = chunks(val, cfg.max_len, answer_marker)
+    feature_layers = tuple(cfg.feature_layers)
+    train = chunks(train, cfg.max_len, answer_marker, cfg.answers_only, feature_layers)
+    val = chunks(val, cfg.max_len, answer_marker, layers=feature_layers)
     if init is None:
         token_ids = kept_tokens(train, target.config.vocab_size, cfg.num_kept_tokens, list(always_keep))
         layers = len(target.get_decoder().layers)
         init_layer = None if cfg.init_layer is None else cfg.init_layer % layers
-        head, meta = new_head(target, token_ids, init_layer)
+        head, meta = new_head(target, token_ids, init_layer, cfg.num_layers, feature_layers)
     else:
         head, meta = continued_head(init, target)
+        head, meta = grown(head, meta, target, cfg.num_layers, feature_layers)
         if cfg.num_kept_tokens > len(head.token_ids):  # widen: the most useful tokens it lacks
             ranked = ranked_tokens(train, target.config.vocab_size, list(always_keep))
             ranked = ranked[~torch.isin(ranked, head.token_ids.cpu())]
@@ -301,6 +323,9 @@ def train_head(target, records: list[dict], out_dir: str | Path, cfg: HeadTrainC
                       "train_tokens": train_tokens, "val_tokens": sum(len(r["input_ids"]) for r in val)}
             (out_dir / "training.json").write_text(json.dumps(record, indent=2) + "\n")
 
+    from .data import progress
+
+    bar = progress(total, f"train {out_dir.name}", unit="step")
     while step < total:
         for ids in token_batches(train, cfg.batch_tokens, rng):
             if step >= total or (cfg.max_minutes and time.time() - start > 60 * cfg.max_minutes):
@@ -319,10 +344,18 @@ def train_head(target, records: list[dict], out_dir: str | Path, cfg: HeadTrainC
             optim.step()
             step += 1
             running = loss.item() if step == 1 else 0.9 * running + 0.1 * loss.item()
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix_str(f"loss {running:.3f} val@1 {best_agree[0]:.3f}")
             if step % cfg.eval_every == 0:
                 evaluate()
                 if cfg.max_minutes and step > cfg.warmup_steps:  # re-fit as start-up costs amortise
                     total = fitted_steps(step, time.time() - start, planned, cfg.max_minutes, total)
+                    if bar is not None:
+                        bar.total = total
+                        bar.refresh()
+    if bar is not None:
+        bar.close()
     if step % cfg.eval_every != 0 or best < 0:
         evaluate()
     return HeadTrainResult(out_dir, best_agree, initial, step, time.time() - start, train_tokens)

@@ -43,6 +43,23 @@ class HeadConfig:
     vocab_size: int
     rms_eps: float = 1e-5
     rope_theta: float = 10000.0
+    num_layers: int = 1  # decoder layers of the head
+    # Which entries of the target's ``output_hidden_states`` the head reads (index into that
+    # tuple: 0 = the embeddings, -1 = the last, normed, hidden state), concatenated in this order.
+    # The last must be -1: it is the feature the head predicts (see FeatureHead.fuse).
+    feature_layers: tuple[int, ...] = (-1,)
+
+    def __post_init__(self):
+        object.__setattr__(self, "feature_layers", tuple(int(i) for i in self.feature_layers))
+        if not self.feature_layers or self.feature_layers[-1] != -1:
+            raise ValueError(f"feature_layers must end with -1 (the last hidden state): {self.feature_layers}")
+        if self.num_layers < 1:
+            raise ValueError(f"num_layers must be >= 1: {self.num_layers}")
+
+    @property
+    def feature_width(self) -> int:
+        """Width of the features the target gives the head before fusion: len(feature_layers) * H."""
+        return len(self.feature_layers) * self.hidden_size
 
     @classmethod
     def for_target(cls, config) -> "HeadConfig":
@@ -102,6 +119,18 @@ class KV:
 
     def cat(self, other: "KV") -> "KV":
         return KV(torch.cat([self.keys, other.keys], 2), torch.cat([self.values, other.values], 2))
+
+    def layer(self, i: int, kv_heads: int) -> "KV":
+        """Layer ``i``'s entries of a multi-layer head, whose layers are stacked on the head axis
+        ([b, layers * kv_heads, s, d]): the cache stays ONE KV whatever the depth of the head."""
+        return KV(self.keys[:, i * kv_heads:(i + 1) * kv_heads], self.values[:, i * kv_heads:(i + 1) * kv_heads])
+
+    @staticmethod
+    def stack(layers: list["KV"]) -> "KV":
+        """One KV [b, len(layers) * kv_heads, s, d] of per-layer entries."""
+        if len(layers) == 1:
+            return layers[0]
+        return KV(torch.cat([k.keys for k in layers], 1), torch.cat([k.values for k in layers], 1))
 
 
 class HeadLayer(nn.Module):
@@ -165,8 +194,14 @@ class FeatureHead(nn.Module):
         super().__init__()
         self.c = c
         self.fc = nn.Linear(2 * c.hidden_size, c.hidden_size, bias=True)
-        self.layer = HeadLayer(c)
+        self.layer = HeadLayer(c)  # the first layer (its name predates num_layers: saved heads keep loading)
+        self.more_layers = nn.ModuleList(HeadLayer(c) for _ in range(c.num_layers - 1))
         self.norm = RMSNorm(c.hidden_size, c.rms_eps)
+        lower = len(c.feature_layers) - 1  # fused layers besides the last one
+        if lower:
+            self.fuse_norms = nn.ModuleList(RMSNorm(c.hidden_size, c.rms_eps) for _ in range(lower))
+            self.fuse_proj = nn.Linear(lower * c.hidden_size, c.hidden_size, bias=False)
+            nn.init.zeros_(self.fuse_proj.weight)  # starts as the last hidden state alone
         self.out_bias = nn.Parameter(torch.zeros(out_weight.shape[0]))
         self.register_buffer("token_ids", token_ids.to(torch.long))  # [K]
         self.register_buffer("out_weight", out_weight.detach().float().clone(), persistent=False)  # [K, H]
@@ -179,8 +214,37 @@ class FeatureHead(nn.Module):
         dtype = self.fc.weight.dtype  # the head may run in another dtype than the target (e.g. bf16)
         embedded = self.embed[0](tokens.to(self.embed[0].weight.device)).to(self.device, dtype)
         x = self.fc(torch.cat([embedded, features.to(self.device, dtype)], dim=-1))
-        x, new = self.layer(x, positions, past, mask)
-        return self.norm(x), new
+        if not len(self.more_layers):
+            x, new = self.layer(x, positions, past, mask)
+            return self.norm(x), new
+        news, kv_heads = [], self.c.num_kv_heads
+        for i, layer in enumerate([self.layer, *self.more_layers]):
+            x, new = layer(x, positions, None if past is None else past.layer(i, kv_heads), mask)
+            news.append(new)
+        return self.norm(x), KV.stack(news)
+
+    def fuse(self, features: torch.Tensor) -> torch.Tensor:
+        """The target's features [..., len(feature_layers) * H] (its ``feature_layers`` hidden
+        states, concatenated in that order) -> what the head reads [..., H].
+
+        A residual form of EAGLE-3's fusion: the last hidden state plus a learnt projection of the
+        RMS-normed lower layers (zero at initialisation, so a fused head starts as the plain one).
+        Identity for a head that reads the last hidden state alone."""
+        h = self.c.hidden_size
+        if len(self.c.feature_layers) == 1:
+            return features
+        dtype = self.fuse_proj.weight.dtype
+        features = features.to(self.device, dtype)
+        lower = [norm(features[..., i * h:(i + 1) * h]) for i, norm in enumerate(self.fuse_norms)]
+        return features[..., -h:] + self.fuse_proj(torch.cat(lower, dim=-1))
+
+    def target_features(self, hidden_states: tuple[torch.Tensor, ...] | list[torch.Tensor]) -> torch.Tensor:
+        """The target's ``output_hidden_states`` (each [b, T, H]) -> the head's input [b, T, H]:
+        its ``feature_layers`` concatenated, then :meth:`fuse`d. For a plain head this is
+        ``hidden_states[-1]`` itself."""
+        if len(self.c.feature_layers) == 1:
+            return hidden_states[-1]
+        return self.fuse(torch.cat([hidden_states[i] for i in self.c.feature_layers], dim=-1))
 
     def reduced_logits(self, predicted: torch.Tensor) -> torch.Tensor:
         """predicted features [..., H] -> logits over the K kept tokens [..., K]."""

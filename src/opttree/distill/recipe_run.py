@@ -1,0 +1,207 @@
+"""Run a recipe (:mod:`.recipe`) end to end: sources → features → stages → the shipped draft.
+
+Cache layout, under the folder the user names (``--cache``)::
+
+    sources/<source>/shard_*.safetensors          texts (and, for answers, the target's top-k)
+    sources/<source>/source.json                  the source's settings and fingerprint
+    features/<layers>-<fp>/<source>/shard_*       the target's features of those texts
+    stages/<stage>/                               the stage's head, training.json, stage.json
+    manifest.json                                 every shard with its sha256, counts, stage results
+
+Every step is resumable: finished shards are skipped, a stage whose ``stage.json`` says it is
+complete (with the same fingerprint) is not trained again. A cache made by other settings is
+refused, never mixed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from .recipe import Recipe, Source, Stage, fingerprint
+from .shards import load_records, save_records, sha256, shard_name, shard_paths
+
+logger = logging.getLogger("opttree.distill")
+STAGE_FILE = "stage.json"
+
+
+def load_recipe_target(recipe: Recipe, device: str):
+    """``(target, tokenizer)`` named by the recipe, fp32, on ``device``."""
+    if recipe.target == "smollm2":
+        from ..smollm2 import load_smollm2
+
+        target, tokenizer = load_smollm2()
+    else:
+        from .cli import load_target
+
+        path = Path(recipe.target)
+        target, tokenizer = load_target(path if path.is_absolute() else recipe.base / path)
+    return target.to(device).eval(), tokenizer
+
+
+def source_fingerprint(recipe: Recipe, source: Source) -> str:
+    return fingerprint({"source": source, "seed": recipe.seed if source.seed is None else source.seed,
+                        "target": recipe.target})
+
+
+def _claim(folder: Path, stamp: dict) -> None:
+    """Write ``stamp`` into ``folder/source.json``, or check that the cache there was made by it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "source.json"
+    if path.exists():
+        old = json.loads(path.read_text())
+        if old.get("fingerprint") != stamp["fingerprint"]:
+            raise SystemExit(f"{folder} was made by other settings ({old.get('settings')}); "
+                             "delete it or give the source another name")
+    else:
+        path.write_text(json.dumps(stamp, indent=2) + "\n")
+
+
+def teacher_records(tokenizer, pairs: list[tuple[str, str]], max_len: int) -> list[dict]:
+    """(user turn, assistant text) pairs → records with ``input_ids`` [L] and ``prompt_len``."""
+    from .data import chat_ids
+
+    out = []
+    for user, text in pairs:
+        prompt = chat_ids(tokenizer, user)
+        answer = tokenizer(text, add_special_tokens=False)["input_ids"]
+        ids = (prompt + answer)[:max_len]
+        out.append({"input_ids": torch.tensor(ids, dtype=torch.long), "prompt_len": len(prompt),
+                    "kind": "teacher"})
+    return out
+
+
+def make_source(recipe: Recipe, source: Source, target, tokenizer, folder: Path) -> list[dict]:
+    """Make (or resume) one source's texts under ``folder``; returns its records."""
+    from .data import DataConfig, generate_round, load_round
+    from .sources import prompts_of, teacher_pairs
+
+    seed = recipe.seed if source.seed is None else source.seed
+    _claim(folder, {"fingerprint": source_fingerprint(recipe, source), "settings": asdict(source), "seed": seed})
+    if source.kind == "answers":
+        prompts = prompts_of(source.prompts, source.count, seed, recipe.base)
+        cfg = DataConfig(max_new_tokens=source.max_new_tokens, batch_size=source.batch_size,
+                         topk=source.topk, max_prompt_tokens=source.max_prompt_tokens, bf16=source.bf16)
+        generate_round(target, tokenizer, prompts, folder, cfg)
+    elif not (folder / shard_name(0)).exists():
+        save_records(teacher_records(tokenizer, teacher_pairs(source.count, seed), recipe.features.max_len),
+                     folder / shard_name(0))
+    return load_round(folder)
+
+
+def features_folder(cache: Path, recipe: Recipe, source: Source) -> Path:
+    spec = recipe.features
+    tag = "L" + "_".join(str(i) for i in spec.layers).replace("-", "m")
+    return cache / "features" / f"{tag}-{fingerprint(spec)[:8]}" / f"{source.name}-{source_fingerprint(recipe, source)[:8]}"
+
+
+def make_features(recipe: Recipe, source: Source, records: list[dict], target, folder: Path) -> Path:
+    from .features import extract_features, unique_sequences
+
+    spec = recipe.features
+    bf16 = spec.bf16 and (target.device.type == "cuda" or torch.backends.mkldnn.is_available())
+    sequences = unique_sequences(records, spec.max_len)
+    return extract_features(target, sequences, folder, topk=spec.topk, shard_size=spec.shard_size,
+                            bf16=bf16, layers=spec.layers)
+
+
+def stage_fingerprint(recipe: Recipe, stage: Stage, init_fp: str) -> str:
+    return fingerprint({"stage": stage, "train": recipe.train_config(stage), "init": init_fp,
+                        "features": recipe.features,
+                        "sources": [source_fingerprint(recipe, s) for s in recipe.stage_sources(stage)]})
+
+
+def stage_done(folder: Path, fp: str) -> bool:
+    path = folder / STAGE_FILE
+    return path.exists() and json.loads(path.read_text()).get("fingerprint") == fp
+
+
+def run_stage(recipe: Recipe, stage: Stage, records: list[dict], target, tokenizer, folder: Path,
+              init: Path | None, fp: str, init_label: str | None = None) -> dict:
+    from .data import eos_ids
+    from .features import answer_marker
+    from .head_train import train_head
+
+    cfg = recipe.train_config(stage)
+    result = train_head(target, records, folder, cfg, sorted(eos_ids(target, tokenizer)),
+                        answer_marker=answer_marker(tokenizer), init=init)
+    summary = {"fingerprint": fp, "complete": True, "val_agreement_by_depth": result.val_agreement,
+               "initial_agreement_by_depth": result.initial_agreement, "steps": result.steps,
+               "seconds": round(result.seconds, 1), "train_tokens": result.train_tokens,
+               "init": init_label}  # as the recipe names it: no machine's paths in the manifest
+    (folder / STAGE_FILE).write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def shard_table(folder: Path) -> dict:
+    return {p.name: sha256(p) for p in shard_paths(folder)}
+
+
+def count_tokens(records: list[dict]) -> dict:
+    answers = sum(len(r["input_ids"]) - int(r.get("prompt_len", 0)) for r in records)
+    return {"texts": len(records), "tokens": sum(len(r["input_ids"]) for r in records), "answer_tokens": answers}
+
+
+def run_recipe(recipe: Recipe, cache: str | Path, out: str | Path | None, device: str = "cpu",
+               until: str = "all") -> dict:
+    """Run ``recipe`` with its cache under ``cache``; ``until``: "data", "features" or "all".
+    Returns the manifest (also written to ``cache/manifest.json`` and, with ``out``, next to the
+    shipped draft as ``data_manifest.json``)."""
+    cache = Path(cache)
+    cache.mkdir(parents=True, exist_ok=True)
+    target, tokenizer = load_recipe_target(recipe, device)
+    manifest = {"recipe": recipe.name, "recipe_fingerprint": fingerprint(recipe), "target": recipe.target,
+                "device": device, "sources": {}, "features": {}, "stages": {}}
+    records_of, feature_dirs = {}, {}
+    for source in recipe.sources:
+        folder = cache / "sources" / source.name
+        logger.info("source %s: %s x %d", source.name, source.kind, source.count)
+        records_of[source.name] = make_source(recipe, source, target, tokenizer, folder)
+        manifest["sources"][source.name] = {"fingerprint": source_fingerprint(recipe, source),
+                                            **count_tokens(records_of[source.name]), "shards": shard_table(folder)}
+    _write(cache, manifest)
+    if until == "data":
+        return manifest
+    for source in recipe.sources:
+        folder = features_folder(cache, recipe, source)
+        feature_dirs[source.name] = make_features(recipe, source, records_of[source.name], target, folder)
+        manifest["features"][source.name] = {"folder": str(folder.relative_to(cache)), "shards": shard_table(folder)}
+    _write(cache, manifest)
+    if until == "features":
+        return manifest
+    previous, previous_fp = None, ""
+    for stage in recipe.stages:
+        folder = cache / "stages" / stage.name
+        init = previous if stage.init == "^" else (recipe.base / stage.init if stage.init else None)
+        init_fp = previous_fp if stage.init == "^" else stage.init
+        fp = stage_fingerprint(recipe, stage, init_fp)
+        if stage_done(folder, fp):
+            logger.info("stage %s: already complete in %s", stage.name, folder)
+            summary = json.loads((folder / STAGE_FILE).read_text())
+        else:
+            records = []
+            for source in recipe.stage_sources(stage):
+                records += [r for p in shard_paths(feature_dirs[source.name]) for r in load_records(p)]
+            logger.info("stage %s: %d texts from %s", stage.name, len(records),
+                        ", ".join(s.name for s in recipe.stage_sources(stage)))
+            label = f"stages/{previous.name}" if stage.init == "^" else (stage.init or None)
+            summary = run_stage(recipe, stage, records, target, tokenizer, folder, init, fp, label)
+        manifest["stages"][stage.name] = summary
+        previous, previous_fp = folder, fp
+    _write(cache, manifest)
+    if out is not None:
+        out = Path(out)
+        out.mkdir(parents=True, exist_ok=True)
+        for name in ("model.safetensors", "opttree_draft.json", "training.json"):
+            shutil.copy2(previous / name, out / name)
+        (out / "data_manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest
+
+
+def _write(cache: Path, manifest: dict) -> None:
+    (cache / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")

@@ -1,0 +1,158 @@
+"""``opttree distill --recipe``: one command from a recipe file to a saved head, on a tiny random
+Llama target (seconds): sources (generated answers and teacher-forced texts) → fused features →
+two stages (the second grows the head to two layers and fused features) → the shipped folder,
+with a manifest of hashes; a second run resumes (trains nothing again)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+pytest.importorskip("tokenizers")
+
+from test_distill import tiny_target, tiny_tokenizer  # noqa: E402
+
+from opttree.distill import load_draft  # noqa: E402
+from opttree.distill.cli import main  # noqa: E402
+from opttree.distill.recipe import load_recipe, parse_recipe  # noqa: E402
+from opttree.distill.shards import load_records, sha256  # noqa: E402
+
+RECIPE = """
+name = "tiny"
+seed = 3
+target = "target"
+
+[[source]]
+name = "made"
+kind = "answers"
+prompts = "selfmade"
+count = 12
+max_new_tokens = 6
+batch_size = 6
+topk = 4
+
+[[source]]
+name = "texts"
+kind = "teacher"
+count = 6
+
+[features]
+layers = [1, 3, -1]
+topk = 4
+max_len = 96
+shard_size = 8
+
+[[stage]]
+name = "a"
+minutes = 1
+epochs = 1
+batch_tokens = 256
+num_kept_tokens = 64
+eval_every = 4
+unroll = 2
+val_fraction = 0.2
+
+[[stage]]
+name = "b"
+init = "^"
+sources = ["texts"]
+epochs = 1
+batch_tokens = 256
+eval_every = 4
+unroll = 2
+num_layers = 2
+feature_layers = [1, 3, -1]
+answers_only = true
+val_fraction = 0.2
+"""
+
+
+@pytest.fixture(autouse=True)
+def small_local_texts(monkeypatch):
+    """The machine's documents and stdlib take seconds to scan: a few stand-ins keep this fast."""
+    from opttree.distill import sources
+
+    doc = "The quick brown fox jumps over the lazy dog. " * 30
+    monkeypatch.setattr(sources, "local_documents", lambda: (("foxes", doc), ("dogs", doc[::-1])))
+    monkeypatch.setattr(sources, "stdlib_functions", lambda: ("def f(x):\n    return x + 1\n",))
+    monkeypatch.setattr(sources, "german_strings", lambda: ("Das ist ein kurzer Satz auf Deutsch hier.",))
+
+
+@pytest.fixture()
+def recipe_dir(tmp_path):
+    tok = tiny_tokenizer()
+    target = tiny_target(len(tok))
+    target.save_pretrained(tmp_path / "target")
+    tok.save_pretrained(tmp_path / "target")
+    (tmp_path / "recipe.toml").write_text(RECIPE)
+    return tmp_path
+
+
+def run(recipe_dir, *extra):
+    return main(["--recipe", str(recipe_dir / "recipe.toml"), "--cache", str(recipe_dir / "cache"),
+                 "--out", str(recipe_dir / "out"), "--device", "cpu", "--threads", "1", *extra])
+
+
+def test_one_command_rebuilds_a_head_and_resumes(recipe_dir, caplog):
+    assert run(recipe_dir) == 0
+    out, cache = recipe_dir / "out", recipe_dir / "cache"
+    manifest = json.loads((out / "data_manifest.json").read_text())
+    assert set(manifest["sources"]) == {"made", "texts"}
+    assert manifest["sources"]["made"]["texts"] == 12 and manifest["sources"]["texts"]["texts"] == 6
+    for name, entry in manifest["sources"].items():  # every shard is listed with its hash
+        assert entry["shards"] and all(sha256(cache / "sources" / name / f) == h for f, h in entry["shards"].items())
+    feats = manifest["features"]["made"]
+    record = load_records(cache / feats["folder"] / next(iter(feats["shards"])))[0]
+    assert record["hidden"].shape[1] == 3 * 32 and record["layers"] == [1, 3, -1]
+    assert manifest["stages"]["b"]["init"].endswith("stages/a")
+
+    from transformers import AutoModelForCausalLM
+
+    target = AutoModelForCausalLM.from_pretrained(recipe_dir / "target").eval()
+    head = load_draft(out, target)
+    assert head.c.num_layers == 2 and head.c.feature_layers == (1, 3, -1)
+    out_hidden = target(torch.tensor([[5, 6, 7]]), output_hidden_states=True).hidden_states
+    assert head.target_features(out_hidden).shape == (1, 3, 32)
+
+    stamp = (cache / "stages" / "b" / "stage.json").stat().st_mtime_ns
+    caplog.set_level("INFO", logger="opttree.distill")
+    assert run(recipe_dir) == 0  # resumes: nothing is generated or trained again
+    assert (cache / "stages" / "b" / "stage.json").stat().st_mtime_ns == stamp
+    assert "stage b: already complete" in caplog.text
+
+
+def test_a_changed_source_is_refused_not_mixed(recipe_dir):
+    assert run(recipe_dir, "--stage", "data") == 0
+    (recipe_dir / "recipe.toml").write_text(RECIPE.replace("count = 12", "count = 13"))
+    with pytest.raises(SystemExit, match="made by other settings"):
+        run(recipe_dir, "--stage", "data")
+
+
+def test_recipe_typos_and_missing_layers_are_errors(tmp_path):
+    with pytest.raises(ValueError, match="unknown keys"):
+        parse_recipe({"source": [{"name": "a", "kind": "teacher", "count": 1, "cuont": 2}],
+                      "stage": [{"name": "s"}]}, tmp_path)
+    with pytest.raises(ValueError, match="keeps"):
+        parse_recipe({"source": [{"name": "a", "kind": "teacher", "count": 1}],
+                      "stage": [{"name": "s", "feature_layers": [2, -1]}]}, tmp_path)
+
+
+@pytest.mark.parametrize("name", ["recipe.toml", "ablation-cpu.toml"])
+def test_shipped_recipes_parse(name):
+    from pathlib import Path
+
+    recipe = load_recipe(Path(__file__).resolve().parents[1] / "drafts" / "smollm2-135m-head" / name)
+    assert recipe.stages and all(recipe.train_config(s) for s in recipe.stages)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_the_same_command_runs_on_cuda(recipe_dir):
+    assert main(["--recipe", str(recipe_dir / "recipe.toml"), "--cache", str(recipe_dir / "cache"),
+                 "--out", str(recipe_dir / "out"), "--device", "cuda"]) == 0
+    from transformers import AutoModelForCausalLM
+
+    target = AutoModelForCausalLM.from_pretrained(recipe_dir / "target").eval()
+    assert load_draft(recipe_dir / "out", target).c.num_layers == 2
