@@ -55,6 +55,7 @@ import os
 import statistics
 import threading
 import time
+import types
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -72,7 +73,8 @@ _trials: dict[Key, tuple[list[float], list[float]]] = {}  # key -> seconds of (F
 
 
 class _ThreadState(threading.local):
-    open = False  # this thread has a block open that pushed the mode
+    open = False  # this thread has a block open (a mode pushed, or models' linears swapped)
+    auto = True  # that block's OPTTREE_WEIGHT_MAJOR is "auto" (else "on")
 
 
 _this_thread = _ThreadState()
@@ -184,18 +186,72 @@ class WeightMajorMode(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
+_swap_lock = threading.Lock()  # guards _swaps: concurrent blocks may share models
+_swaps: dict[int, list] = {}  # id(module) -> [module, open blocks using it]
+
+
+def swappable(*models) -> list[torch.nn.Linear]:
+    """The plain ``nn.Linear`` layers of ``models`` with a float32 CPU weight whose ``forward`` is
+    the class's own (a layer someone already wrapped, e.g. by accelerate's hooks, is left alone)."""
+    return [m for model in models if isinstance(model, torch.nn.Module) for m in model.modules()
+            if type(m) is torch.nn.Linear and "forward" not in m.__dict__
+            and m.weight.dtype == torch.float32 and m.weight.device.type == "cpu"]
+
+
+def _fast_forward(self: torch.nn.Linear, input: torch.Tensor) -> torch.Tensor:
+    """A swapped-in ``nn.Linear.forward``: weight-major in a thread with a block open, stock elsewhere."""
+    if _this_thread.open:
+        return weight_major_linear(input, self.weight, self.bias, auto=_this_thread.auto)
+    return torch.nn.Linear.forward(self, input)
+
+
+def _swap_in(layers: list[torch.nn.Linear]) -> None:
+    with _swap_lock:
+        for m in layers:
+            entry = _swaps.setdefault(id(m), [m, 0])
+            if entry[1] == 0:
+                m.forward = types.MethodType(_fast_forward, m)
+            entry[1] += 1
+
+
+def _swap_out(layers: list[torch.nn.Linear]) -> None:
+    with _swap_lock:
+        for m in layers:
+            entry = _swaps[id(m)]
+            entry[1] -= 1
+            if entry[1] == 0:
+                del m.forward  # the class's forward again
+                del _swaps[id(m)]
+
+
 @contextlib.contextmanager
 def weight_major(*models, on: bool = True):
-    """Within the block, this thread's ``F.linear`` calls go through :func:`weight_major_linear`,
-    unless ``on`` is False, ``OPTTREE_WEIGHT_MAJOR=off``, or ``models`` are given and none of them
-    has a float32 CPU weight (:func:`helps`). A block opened inside another of this thread adds nothing."""
+    """Within the block, this thread's few-row float32 CPU linears go weight-major
+    (:func:`weight_major_linear`), unless ``on`` is False, ``OPTTREE_WEIGHT_MAJOR=off``, or
+    ``models`` are given and none of them has a float32 CPU weight (:func:`helps`).
+
+    With ``models`` (opttree's own loops): for the block, the ``forward`` of each of their plain
+    ``nn.Linear`` layers is swapped for one that takes the kernel in a thread with a block open and
+    the stock path in any other thread; restored when the last block using the layer closes.
+    Only those layers pay anything (one Python call each). Without models (``with weight_major():
+    model.generate(...)``): a per-thread ``TorchFunctionMode`` catches every ``F.linear`` of the
+    thread, at the price of a Python handler on EVERY torch call of the thread.
+    A block opened inside another of this thread adds nothing."""
     chosen = mode()
     if not on or chosen == "off" or active() or (models and not helps(*models)):
         yield
         return
-    _this_thread.open = True
+    _this_thread.open, _this_thread.auto = True, chosen == "auto"
     try:
-        with WeightMajorMode(auto=chosen == "auto"):
-            yield
+        if models:
+            layers = swappable(*models)
+            _swap_in(layers)
+            try:
+                yield
+            finally:
+                _swap_out(layers)
+        else:
+            with WeightMajorMode(auto=chosen == "auto"):
+                yield
     finally:
         _this_thread.open = False
