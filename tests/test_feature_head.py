@@ -240,3 +240,32 @@ def test_head_through_every_entry_point():
     assert torch.equal(SpeculativeGenerator(target, head, nodes=5).generate(ids, max_new_tokens=12, do_sample=False), ref)
     model = speculative(target)
     assert torch.equal(model.generate(ids, draft_model=head, nodes=5, max_new_tokens=12, do_sample=False), ref)
+
+
+def test_a_fused_head_drafts_from_the_fused_features_in_the_loop(monkeypatch):
+    """The loop hands a fused head its fused target layers (drafter.features_from), and stays lossless."""
+    from models import peaked, tiny_model
+    from opttree import speculative_generate
+    from opttree.distill.head import new_head
+    from opttree.drafters.feature_head import FeatureHeadDrafter
+
+    target = peaked(tiny_model("llama", seed=0), scale=30.0)
+    head, _ = new_head(target, feature_layers=(1, -1))
+    with torch.no_grad():
+        head.fuse_proj.weight.normal_(0, 0.5)  # the lower layer now matters
+    seen = []
+    original = FeatureHeadDrafter.features_from
+
+    def spy(self, hidden_states):
+        out = original(self, hidden_states)
+        seen.append((out, hidden_states[-1][0]))
+        return out
+
+    monkeypatch.setattr(FeatureHeadDrafter, "features_from", spy)
+    ids = torch.tensor([[3, 14, 15, 92, 65, 35]])
+    ref = target.generate(ids, max_new_tokens=20, do_sample=False)
+    out = target.generate(ids, max_new_tokens=20, do_sample=False, custom_generate=speculative_generate,
+                          draft_model=head, nodes=8, max_depth=4)
+    assert torch.equal(out, ref)
+    assert seen and all(f.shape == last.shape for f, last in seen)
+    assert not torch.allclose(seen[0][0], seen[0][1])  # fused, not the last hidden state alone

@@ -37,12 +37,13 @@ class DecodeResult:
     logits: tuple | None = None  # raw target logits per new token, each [1, vocab]
 
 
-def target_forward(target, inputs, cache, hidden: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """One target forward over the root and the tree -> (logits [n + 1, vocab] float32, and with
-    ``hidden`` its features [n + 1, H]: the last hidden state, the input of its output head)."""
+def target_forward(target, inputs, cache, drafter=None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One target forward over the root and the tree -> (logits [n + 1, vocab] float32, and for a
+    drafter that wants the target's features, those features [n + 1, H]: ``drafter.features_from``
+    of the hidden states, e.g. the last one, the input of the output head, or a fusion of layers)."""
     out = target(**inputs.as_kwargs(), past_key_values=cache, use_cache=True, logits_to_keep=0,
-                 output_hidden_states=hidden)
-    return out.logits[0].float(), out.hidden_states[-1][0] if hidden else None
+                 output_hidden_states=drafter is not None)
+    return out.logits[0].float(), drafter.features_from(out.hidden_states) if drafter is not None else None
 
 
 def tree_depth(tree: DraftTree) -> int:
@@ -106,7 +107,7 @@ def speculative_decode(
         out = target(input_ids=input_ids[:, :-1], past_key_values=cache, use_cache=True, logits_to_keep=1,
                      output_hidden_states=wants_hidden)
         if wants_hidden:
-            drafter.add_features(out.hidden_states[-1][0])  # [T - 1, H]
+            drafter.add_features(drafter.features_from(out.hidden_states))  # [T - 1, H]
     past_len = len(sequence) - 1
     length = len(sequence)
 
@@ -129,7 +130,7 @@ def speculative_decode(
 
         # 2. verify: ONE target forward over the root and every tree node
         inputs = verification_inputs(sequence[-1:], tree, past_len, target.dtype)
-        logits, hidden = target_forward(target, inputs, cache, wants_hidden)
+        logits, hidden = target_forward(target, inputs, cache, drafter if wants_hidden else None)
         logits = logits.to(sequence.device)  # [n + 1, vocab], where generate() keeps ids
 
         # 3. walk the tree: the target's own token at the root and at each accepted node

@@ -40,6 +40,8 @@ from pathlib import Path
 
 import torch
 
+from .targets import load_target
+
 logger = logging.getLogger("opttree.distill")
 
 
@@ -99,25 +101,6 @@ def build_parser(prog: str = "opttree distill") -> argparse.ArgumentParser:
                    help="where the target answers prompts, gives features and a head trains"
                         "; default: cuda when present, else cpu (an independent draft trains on the CPU)")
     return p
-
-
-def load_target(path: str | Path):
-    """``(model, tokenizer)`` from ``"smollm2"`` (as ``opttree bench``), an HF folder or a folder holding one
-    GGUF file (fp32, sdpa)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    if str(path) == "smollm2":
-        from ..smollm2 import load_smollm2
-
-        return load_smollm2()
-    path = Path(path)
-    ggufs = sorted(path.glob("*.gguf"))
-    extra = {"gguf_file": ggufs[0].name} if ggufs and not (path / "config.json").exists() else {}
-    tokenizer = AutoTokenizer.from_pretrained(path, **extra)
-    model = AutoModelForCausalLM.from_pretrained(
-        path, dtype=torch.float32, attn_implementation="sdpa", **extra
-    )
-    return model.eval(), tokenizer
 
 
 def main(argv: list[str] | None = None, prog: str = "opttree distill") -> int:

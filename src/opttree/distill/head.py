@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from ..drafters.feature_head import FeatureHead, HeadConfig
-from .model import META_FILE, WEIGHTS_FILE, embedding_checksum
+from .files import META_FILE, WEIGHTS_FILE, embedding_checksum
 
 logger = logging.getLogger(__name__)
 

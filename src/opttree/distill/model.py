@@ -28,10 +28,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .files import META_FILE, WEIGHTS_FILE, embedding_checksum
+from .head import is_head, load_head
+
 logger = logging.getLogger(__name__)
 
-META_FILE = "opttree_draft.json"
-WEIGHTS_FILE = "model.safetensors"
 FORMAT = "opttree-reduced-vocab-draft/1"
 
 
@@ -72,11 +73,6 @@ class DraftMeta:
     target_embedding_checksum: float
     target_name: str = ""
 
-
-def embedding_checksum(target) -> float:
-    """A cheap fingerprint of the target's input embedding (warns on the wrong target)."""
-    weight = target.get_input_embeddings().weight
-    return float(weight[:64].double().sum().item())
 
 
 def draft_config(target_config, num_layers: int):
@@ -165,7 +161,6 @@ def load_draft(path: str | Path, target, dtype: torch.dtype | None = None):
     from safetensors.torch import load_file
     from transformers import LlamaConfig
 
-    from .head import is_head, load_head
 
     path = Path(path)
     if is_head(path):  # an EAGLE-style feature head (opttree.distill.head)

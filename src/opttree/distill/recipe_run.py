@@ -37,7 +37,7 @@ def load_recipe_target(recipe: Recipe, device: str):
 
         target, tokenizer = load_smollm2()
     else:
-        from .cli import load_target
+        from .targets import load_target
 
         path = Path(recipe.target)
         target, tokenizer = load_target(path if path.is_absolute() else recipe.base / path)

@@ -301,6 +301,12 @@ class FeatureHeadDrafter:
     def cached(self) -> int:
         return 0 if self.kv is None else len(self.kv)
 
+    def features_from(self, hidden_states: tuple) -> torch.Tensor:
+        """The target's ``output_hidden_states`` (each [1, T, H]) -> what :meth:`add_features` takes,
+        [T, H]: the head's ``feature_layers`` fused (the last hidden state itself for a plain head)."""
+        with torch.inference_mode():
+            return self.head.target_features(hidden_states)[0]
+
     def add_features(self, features: torch.Tensor) -> None:
         """The target's features [m, H] of the next m committed positions."""
         self.pending = torch.cat([self.pending, features.to(self.pending.device, self.pending.dtype)])

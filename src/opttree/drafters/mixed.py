@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from ..tree import DraftTree
+from .make import make_drafter
 
 
 class MixedDrafter:
@@ -28,8 +29,6 @@ class MixedDrafter:
 
     def for_target(self, target) -> "MixedDrafter":
         """Fresh inner drafters bound to ``target`` (one per generate() call)."""
-        from . import make_drafter
-
         mixed = MixedDrafter(make_drafter(self.model_drafter, target), make_drafter(self.ngram_drafter, target),
                              self.weight)
         mixed.context_length = getattr(mixed.model_drafter, "context_length", None)
@@ -46,6 +45,9 @@ class MixedDrafter:
     @property
     def wants_hidden_states(self) -> bool:  # a feature head inside wants the target's features
         return bool(getattr(self.model_drafter, "wants_hidden_states", False))
+
+    def features_from(self, hidden_states: tuple) -> torch.Tensor:
+        return self.model_drafter.features_from(hidden_states)
 
     def add_features(self, features: torch.Tensor) -> None:
         self.model_drafter.add_features(features)
