@@ -439,7 +439,10 @@ def pair():
 
 
 @pytest.fixture
-def count_measures(monkeypatch):
+def count_measures(monkeypatch, tmp_path_factory):
+    # a fresh on-disk cache too: generate() without tree arguments calibrates ("auto"), so earlier tests
+    # may have cached these tiny pairs in the session's folder
+    monkeypatch.setenv("OPTTREE_CALIBRATION_DIR", str(tmp_path_factory.mktemp("calibration")))
     calls = []
     real = calibration.measure  # where calibrate() looks it up (budget only re-exports it)
     monkeypatch.setattr(calibration, "measure", lambda *a, **k: calls.append(1) or real(*a, **k))
