@@ -79,8 +79,8 @@ def test_unrolled_passes_equal_tree_drafting(num_layers, layers):
     drafter.expand(chain, torch.tensor([0]))
     drafter.expand(chain, torch.tensor([1]))
     for depth, key in enumerate([-1, 0, 1]):
-        torch.testing.assert_close(drafter.predicted[key], passes[depth][0, root + depth], rtol=1e-4, atol=1e-5)
-    assert not torch.allclose(drafter.predicted[1], passes[2][0, root + 1], atol=1e-3)
+        torch.testing.assert_close(drafter.predicted_feature(key), passes[depth][0, root + depth], rtol=1e-4, atol=1e-5)
+    assert not torch.allclose(drafter.predicted_feature(1), passes[2][0, root + 1], atol=1e-3)
 
 
 def test_grown_head_computes_what_it_did_then_learns(tmp_path):
