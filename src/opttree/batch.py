@@ -25,7 +25,7 @@ from . import kv_cache
 from .builder import BuiltTree
 from .config import TreeConfig
 from .drafters.model import BatchModelDrafter
-from .generation import DecodeResult, node_choice
+from .generation import DecodeResult, node_choice, tree_depth
 from .lockstep import run_in_lockstep
 from .masks import batch_verification_inputs
 from .stats import GenerationStats, StepStats
@@ -215,7 +215,7 @@ def speculative_decode_batch(
             row.stats.new_tokens += emitted
             row.stats.steps.append(StepStats(
                 tree_size=len(tree),
-                tree_depth=int(tree.depths().max()) if len(tree) else 0,
+                tree_depth=tree_depth(tree),
                 expected_length=tree.expected_length,
                 accepted=acceptance.accepted,
                 emitted=emitted,

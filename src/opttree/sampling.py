@@ -221,8 +221,7 @@ def build_sampled_tree(root_probs: torch.Tensor, expand: Expand, config: TreeCon
     pool = _pool(tokens, parents, probs, device, root_probs.dtype)
     remap = torch.full((len(pool),), -1, dtype=torch.long, device=device)
     remap[keep] = torch.arange(len(keep), device=device)
-    old = pool.parents[keep]
-    tree = DraftTree(pool.tokens[keep], torch.where(old >= 0, remap[old.clamp(min=0)], old), pool.path_probs[keep])
+    tree = pool.subtree(keep)
     draft_probs = {(-1 if pid < 0 else int(remap[pid])): q for pid, q in q_of_pool.items() if pid < 0 or remap[pid] >= 0}
     return SampledTree(tree, keep, [tree.expected_length], forwards, draft_probs, draws=draws)
 
