@@ -61,12 +61,15 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--questions", default="../shared/data/spec_bench_questions.jsonl")
     p.add_argument("--target", default=None, help="folder holding SmolLM2's GGUF file (default: fetched/cached)")
-    p.add_argument("--draft", default="drafts/smollm2-135m-draft")
+    p.add_argument("--draft", default="drafts/smollm2-135m-draft", help="a draft folder (a model or a feature head)")
+    p.add_argument("--draft-dtype", default=None, help="e.g. bfloat16 (default: the target's)")
+    p.add_argument("--mix-lookup", type=float, default=None,
+                   help="mix the draft with prompt lookup (MixedDrafter) at this n-gram weight")
     p.add_argument("--batch-sizes", default="1,4,8")
     p.add_argument("--per-category", type=int, default=3, help="questions per Spec-Bench task")
     p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--nodes", type=int, default=16)
-    p.add_argument("--threshold", type=float, default=0.3)
+    p.add_argument("--nodes", default="16", help='an integer, or "auto"')
+    p.add_argument("--threshold", default="0.3", help='a number, or "auto"')
     p.add_argument("--max-depth", type=int, default=8)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -83,7 +86,12 @@ def main(argv=None) -> int:
 
     target, tokenizer = load_smollm2(args.target)
     target = target.to(args.device).eval()
-    draft = load_draft(args.draft, target).to(args.device).eval()
+    dtype = getattr(torch, args.draft_dtype) if args.draft_dtype else None
+    draft = load_draft(args.draft, target, dtype=dtype).to(args.device).eval()
+    if args.mix_lookup is not None:
+        from opttree.drafters import MixedDrafter
+
+        draft = MixedDrafter(draft, weight=args.mix_lookup)
     chosen = select_questions(load_questions(args.questions), per_category=args.per_category)
     if args.quick:
         chosen = chosen[:2]
@@ -92,7 +100,8 @@ def main(argv=None) -> int:
     pad = config.pad_token_id if config.pad_token_id is not None else tokenizer.pad_token_id
     eos = config.eos_token_id if isinstance(config.eos_token_id, list) else [config.eos_token_id]
     eos = {int(t) for t in eos if t is not None}
-    tree = dict(nodes=args.nodes, threshold=args.threshold, max_depth=args.max_depth)
+    tree = dict(nodes=args.nodes if args.nodes == "auto" else int(args.nodes),
+                threshold=args.threshold if args.threshold == "auto" else float(args.threshold), max_depth=args.max_depth)
     sizes = [int(s) for s in args.batch_sizes.split(",")]
 
     with torch.inference_mode():  # warm-up outside the timings
@@ -107,7 +116,7 @@ def main(argv=None) -> int:
         for start in range(0, len(prompts), size):
             ids, mask = left_padded(prompts[start:start + size], pad)
             ids, mask = ids.to(args.device), mask.to(args.device)
-            if size == 1:  # a single prompt goes unpadded (and opttree takes its batch-1 loop)
+            if size == 1:  # a single prompt goes unpadded (one row: no holes, no lockstep)
                 mask = None
             kw = dict(attention_mask=mask, max_new_tokens=args.max_new_tokens, do_sample=False)
             t0 = time.perf_counter()
@@ -128,7 +137,9 @@ def main(argv=None) -> int:
     lines = [
         f"{len(prompts)} Spec-Bench prompts ({args.per_category} per task), {args.max_new_tokens} new tokens, "
         f"greedy; nodes={args.nodes} threshold={args.threshold} max_depth={args.max_depth}; device {args.device}, "
-        f"{args.threads} threads, {platform.processor() or platform.machine()}; draft {args.draft}",
+        f"{args.threads} threads, {platform.processor() or platform.machine()}; draft {args.draft}"
+        f"{f' ({args.draft_dtype})' if args.draft_dtype else ''}"
+        f"{f' mixed with prompt lookup ({args.mix_lookup})' if args.mix_lookup is not None else ''}",
         "",
         "| batch | plain tokens/s | opttree tokens/s | speedup | τ (tokens per verify forward, all rows) "
         "| outputs ≠ plain |",

@@ -12,7 +12,7 @@ from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteria
 
 from models import partly_agreeing, peaked, tiny_model
 from opttree import TreeConfig, speculative, speculative_generate
-from opttree import batch as batch_module
+from opttree import rows as batch_module
 
 FAMILIES = ["llama", "qwen2", "gpt2", "opt", "gemma"]
 
@@ -275,11 +275,17 @@ def test_visible_holes_and_padding_are_caught(monkeypatch):
 # sampling: each row's first tokens follow the target's own law
 
 
-def test_sampling_keeps_each_rows_law():
+@pytest.mark.parametrize("verifier,strategy,drafter", [
+    ("traversal", "sampled", "model"),
+    ("rrs", "sampled", "model"),
+    ("match", "opt", "model"),
+    ("match", "opt", "head"),  # one feature-head drafter per row (PerRow)
+])
+def test_sampling_keeps_each_rows_law(verifier, strategy, drafter):
     from test_sampling import VOCAB, chi_square, lm_law, tiny_lm
     from opttree import kv_cache
-    from opttree.batch import speculative_decode_batch
-    from opttree.drafters.model import BatchModelDrafter
+    from opttree.generation import speculative_decode
+    from opttree.drafters.batch_model import BatchModelDrafter
     from opttree.sampling import draft_to_probs
     from transformers import MaxLengthCriteria
 
@@ -299,16 +305,25 @@ def test_sampling_keeps_each_rows_law():
     laws.append(law([second]))
     ids = torch.tensor([[3, 7, 1], [0, 0, second]])  # left-padded
     mask = torch.tensor([[1, 1, 1], [0, 0, 1]])
-    config = TreeConfig(nodes=6, max_depth=3, threshold=0.0, strategy="sampled", verifier="traversal")
+    config = TreeConfig(nodes=6, max_depth=3, threshold=0.0, strategy=strategy, verifier=verifier)
+    if drafter == "head":
+        from opttree.distill.head import new_head
+        from opttree.drafters.base import PerRow
+        from opttree.drafters.feature_head import FeatureHeadDrafter
+
+        head = new_head(target)[0]
     stop = StoppingCriteriaList([MaxLengthCriteria(max_length=ids.shape[1] + 2)])
     g = torch.Generator().manual_seed(0)
     counts, n, steps = [Counter(), Counter()], 500, 0
     with torch.inference_mode():
         for _ in range(n):
-            drafter = BatchModelDrafter(draft, draft_to_probs(procs), rows=2)
-            result = speculative_decode_batch(target, drafter, ids, mask, kv_cache.new_cache(target), procs, stop,
-                                              config, max_length=ids.shape[1] + 2, context_length=64,
-                                              pad_token_id=0, do_sample=True, generator=g)
+            if drafter == "head":
+                rows = PerRow([FeatureHeadDrafter(head, draft_to_probs(procs)) for _ in range(2)])
+            else:
+                rows = BatchModelDrafter(draft, draft_to_probs(procs), rows=2)
+            result = speculative_decode(target, rows, ids, kv_cache.new_cache(target), procs, stop, config,
+                                        max_length=ids.shape[1] + 2, context_length=64, attention_mask=mask,
+                                        pad_token_id=0, do_sample=True, generator=g)
             for b in range(2):
                 counts[b][tuple(result.sequences[b, ids.shape[1]:].tolist())] += 1
             steps += len(result.stats.steps)

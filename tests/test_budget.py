@@ -51,13 +51,14 @@ OLD_NAMES = ['AUTO_MAX_NODES', 'AffineFit', 'AutoPolicy', 'BudgetPolicy', 'CALIB
              'known_latency', 'layer_pays', 'layer_width', 'lower_envelope', 'make_policy', 'measure',
              'measure_drafter', 'measure_verify', 'model_fingerprint', 'next_layer_guess', 'read_cached', 'to_json',
              'write_cached']  # every public name budget.py defined before the split
+NEW_NAMES = ['policy_maker']  # added since: one policy per batch row
 
 
 def test_budget_still_offers_every_old_name_from_its_new_home():
     from opttree import latency as latency_module
     from opttree import plan
 
-    assert sorted(budget.__all__) == sorted(OLD_NAMES)
+    assert sorted(budget.__all__) == sorted(OLD_NAMES + NEW_NAMES)
     for name in OLD_NAMES:
         homes = [m for m in (plan, latency_module, calibration) if name in m.__all__]
         assert len(homes) == 1, name  # offered by exactly one module
@@ -405,7 +406,7 @@ def test_the_loop_asks_the_policy_each_step_and_tells_it_the_cost(monkeypatch):
     target = peaked(tiny_model("llama", seed=0), scale=30.0)
     ids = torch.randint(3, 90, (1, 7), generator=torch.Generator().manual_seed(2))
     policy = RecordingPolicy(6)
-    monkeypatch.setattr(integration.budget, "make_policy", lambda *args: policy)
+    monkeypatch.setattr(integration.budget, "policy_maker", lambda *args: lambda: policy)
     ref = target.generate(ids, max_new_tokens=16, do_sample=False)
     out = target.generate(ids, max_new_tokens=16, do_sample=False, custom_generate=speculative_generate,
                           draft_model=target, max_depth=4, return_dict_in_generate=True)
@@ -616,7 +617,7 @@ def test_steps_that_verify_the_root_alone_stay_lossless(monkeypatch):
     ids = torch.randint(3, 90, (1, 7), generator=torch.Generator().manual_seed(4))
     policy = RecordingPolicy(8)
     policy.plan = lambda: StepPlan(nodes=8, threshold=0.0, size=lambda path_probs: 0)  # auto's m = 0, every step
-    monkeypatch.setattr(integration.budget, "make_policy", lambda *args: policy)
+    monkeypatch.setattr(integration.budget, "policy_maker", lambda *args: lambda: policy)
     ref = target.generate(ids, max_new_tokens=12, do_sample=False)
     for draft in (target, "prompt_lookup"):
         out = target.generate(ids, max_new_tokens=12, do_sample=False, custom_generate=speculative_generate,

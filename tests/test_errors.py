@@ -69,27 +69,23 @@ def test_attention_backend_that_ignores_tree_masks(impl):
         run(draft, target, ids())
 
 
-def test_batches_refuse_what_they_cannot_do_yet():
-    """Batches themselves: test_batch.py. Each refusal names the fix."""
+def test_batches_refuse_right_padding_holes_and_streamers():
+    """Batches themselves: test_batch.py (every drafter, "auto", scores). Each refusal names the fix."""
     target = tiny_model("llama")
     batch = ids(batch=2)
     mask = torch.ones_like(batch)
     mask[0, :2] = 0  # row 0 left-padded
-    with pytest.raises(NotImplementedError, match="need a draft model.*once per prompt"):
-        run(target, "prompt_lookup", batch, attention_mask=mask)
-    from opttree.distill.head import new_head
-
-    head, _ = new_head(target, init_layer=0)  # an EAGLE-style feature head drafts one prompt at a time
-    with pytest.raises(NotImplementedError, match="FeatureHeadDrafter drafts one prompt at a time"):
-        run(target, head, batch, attention_mask=mask)
-    with pytest.raises(NotImplementedError, match="pass numbers"):
-        run(target, target, batch, attention_mask=mask, nodes="auto")
-    with pytest.raises(NotImplementedError, match="output_scores"):
-        run(target, target, batch, attention_mask=mask, output_scores=True, return_dict_in_generate=True)
     with pytest.raises(ValueError, match="padding_side = 'left'"):
         run(target, target, batch, attention_mask=mask.flip(1))  # right padding
     with pytest.raises(ValueError, match="padding_side = 'left'"):
         run(target, target, ids(), attention_mask=torch.tensor([[1, 1, 0, 1, 1, 1]]))  # a hole
+    from transformers import TextStreamer
+
+    from opttree import SpeculativeGenerator
+
+    with pytest.raises(ValueError, match="stream one prompt per generate"):
+        SpeculativeGenerator(target, target, nodes=4).generate(batch, attention_mask=mask, max_new_tokens=4,
+                                                               streamer=TextStreamer(None))
 
 
 def test_prompt_longer_than_the_context():

@@ -42,30 +42,20 @@ def oracle_head(target):
     return head
 
 
-class OffByOne:
-    """A drafter whose tree nodes sit one position too early."""
+class OffByOne(FeatureHeadDrafter):
+    """A head drafter whose tree nodes sit one position too early."""
 
-    def __init__(self, head):
-        self.head = head
-
-    def for_target(self, target):
-        drafter = self.head.for_target(target)
-        expand = drafter.expand
-
-        def shifted(pool, frontier):
-            drafter.root_position -= 1
-            try:
-                return expand(pool, frontier)
-            finally:
-                drafter.root_position += 1
-
-        drafter.expand = shifted
-        return drafter
+    def expand(self, pool, frontier):
+        self.root_position -= 1
+        try:
+            return super().expand(pool, frontier)
+        finally:
+            self.root_position += 1
 
 
 def drafter_after(head, target, ids):
     """A drafter that has seen ``ids`` [1, T] (prefill features) and drafted the root's children."""
-    drafter = head.for_target(target)  # head: a FeatureHead or anything with for_target
+    drafter = head if isinstance(head, FeatureHeadDrafter) else head.for_target(target)  # a head or a drafter
     with torch.no_grad():
         feats = target(ids[:, :-1], output_hidden_states=True).hidden_states[-1][0]
     drafter.add_features(feats)

@@ -27,14 +27,19 @@ def pair():
 def policies(monkeypatch):
     """Every policy generate() makes, in order (the real ones: the run goes on)."""
     made = []
-    real = integration.budget.make_policy
+    real = integration.budget.policy_maker
 
     def spy(config, *args, **kwargs):
-        policy = real(config, *args, **kwargs)
-        made.append((config, policy))
-        return policy
+        maker = real(config, *args, **kwargs)
 
-    monkeypatch.setattr(integration.budget, "make_policy", spy)
+        def make():
+            policy = maker()
+            made.append((config, policy))
+            return policy
+
+        return make
+
+    monkeypatch.setattr(integration.budget, "policy_maker", spy)
     return made
 
 
@@ -70,7 +75,6 @@ def test_explicit_tree_arguments_keep_their_meaning(policies, given, expected):
 
 def test_where_auto_cannot_run_the_defaults_are_the_fixed_ones():
     assert resolve({}) == TreeConfig(nodes="auto", threshold="auto")
-    assert resolve({}, batch=True) == TreeConfig()  # batches refuse "auto": they get 60 / 0.5
     assert resolve({}, can_calibrate=False) == TreeConfig()
     assert resolve({"strategy": "sampled"}) == TreeConfig(strategy="sampled")
     assert resolve({"verifier": "rrs"}) == TreeConfig(verifier="rrs")

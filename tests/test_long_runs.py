@@ -15,7 +15,7 @@ from transformers import DynamicCache
 
 from models import peaked
 from opttree import speculative_generate
-from opttree.drafters import ModelDrafter, PromptLookupDrafter
+from opttree.drafters import Drafter, ModelDrafter, PromptLookupDrafter
 
 VOCAB = 512  # larger than the other tests' models, so a leaked [vocab] row per token is visible
 
@@ -48,7 +48,7 @@ def live_storages() -> dict[int, int]:
     return storages([o for o in gc.get_objects() if isinstance(o, torch.Tensor)])
 
 
-class Probe:
+class Probe(Drafter):
     """A drafter that delegates to ``inner`` and samples the memory every ``every`` steps."""
 
     def __init__(self, inner: ModelDrafter, target_cache: DynamicCache, every: int = 100):
@@ -56,9 +56,8 @@ class Probe:
         self.steps = 0
         self.samples = []  # (committed tokens, tensor bytes outside both caches, bytes of both caches)
 
-    @property
-    def cache(self):
-        return self.inner.cache
+    def caches(self):
+        return self.inner.caches()
 
     @property
     def forwards(self):

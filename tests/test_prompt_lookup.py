@@ -7,7 +7,7 @@ import torch
 
 from models import FAMILIES, VOCAB, peaked, tiny_model
 from opttree import SpeculativeGenerator, TreeConfig, build_opt_tree, speculative, speculative_generate
-from opttree.drafters import MixedDrafter, ModelDrafter, PromptLookupDrafter, make_drafter
+from opttree.drafters import Drafter, MixedDrafter, ModelDrafter, PromptLookupDrafter, make_drafter
 from opttree.tree import DraftTree
 
 
@@ -102,7 +102,7 @@ def test_vocab_size_comes_from_the_target_and_instances_are_not_shared_between_c
 
 # -- the mixture -----------------------------------------------------------------------------------
 
-class Fixed:
+class Fixed(Drafter):
     """A drafter with fixed q, to test the mixture arithmetic."""
 
     def __init__(self, q):

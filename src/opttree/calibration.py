@@ -29,6 +29,7 @@ import torch
 
 from . import fast_linear
 from .config import TreeConfig
+from .drafters.base import Drafter
 from .latency import AutoPolicy, LatencyModel, LatencyTable
 from .masks import verification_inputs
 from .plan import BudgetPolicy, FixedPolicy
@@ -82,10 +83,6 @@ def model_fingerprint(model) -> dict:
     }
 
 
-def _is_drafter(obj) -> bool:
-    return all(hasattr(obj, name) for name in ("root_probs", "expand", "commit"))
-
-
 def drafter_fingerprint(drafter, depth: int = 2) -> dict | None:
     """A drafter's class, the models it holds and the drafters it wraps (two levels deep)."""
     if drafter is None:
@@ -93,7 +90,7 @@ def drafter_fingerprint(drafter, depth: int = 2) -> dict | None:
     parts = vars(drafter) if hasattr(drafter, "__dict__") else {}
     models = {k: model_fingerprint(v) for k, v in sorted(parts.items()) if isinstance(v, torch.nn.Module)}
     inner = {k: drafter_fingerprint(v, depth - 1) for k, v in sorted(parts.items())
-             if depth > 0 and _is_drafter(v) and not isinstance(v, torch.nn.Module)}
+             if depth > 0 and isinstance(v, Drafter)}
     scalars = {k: v for k, v in sorted(parts.items()) if not k.startswith("_") and isinstance(v, (int, float, str))
                and k not in ("forwards", "prefix_len", "context_length")}  # settings, not running state
     return {"class": f"{type(drafter).__module__}.{type(drafter).__qualname__}", "models": models,
@@ -223,7 +220,7 @@ def measure_drafter(drafter, vocab: int, device, widths=DRAFT_WIDTHS, prefix: in
     layers: dict[int, list[float]] = {w: [] for w in widths}
 
     def features(n: int) -> None:  # as generation.py: the prompt's but the root's, then 1 + accepted per step
-        if getattr(drafter, "wants_hidden_states", False):
+        if drafter.wants_hidden_states:
             drafter.add_features(torch.zeros(n, hidden_size, device=device))
 
     with torch.inference_mode():
@@ -330,21 +327,29 @@ def calibration_prefix(target, drafter=None) -> int | None:
     the drafter's context is shorter; None where even MIN_CALIBRATION_PREFIX does not fit."""
     from .validation import context_length
 
-    limits = [x for x in (context_length(target), getattr(drafter, "context_length", None)) if x]
+    limits = [x for x in (context_length(target), None if drafter is None else drafter.context_length) if x]
     prefix = min([CALIBRATION_PREFIX] + [limit - _ROOM for limit in limits])
     return prefix if prefix >= MIN_CALIBRATION_PREFIX else None
 
 
-def make_policy(config: TreeConfig, target, drafter=None, new_drafter: Callable[[], object] | None = None) -> BudgetPolicy:
-    """The step policy for ``config``: :class:`FixedPolicy`, or for ``nodes``/``threshold="auto"``
-    an :class:`AutoPolicy` calibrated on ``target`` and the drafter (see :func:`calibrate`)."""
+def policy_maker(config: TreeConfig, target, drafter=None,
+                 new_drafter: Callable[[], object] | None = None) -> Callable[[], BudgetPolicy]:
+    """Makes the step policy of each batch row for ``config``: :class:`FixedPolicy`, or for
+    ``nodes``/``threshold="auto"`` an :class:`AutoPolicy` on the latency model of ``target`` and
+    the drafter (see :func:`calibrate`: measured once, shared by every row and later call)."""
     if config.nodes != "auto" and config.threshold != "auto":
-        return FixedPolicy(config)
-    return AutoPolicy(config, calibrate(target, drafter, new_drafter))
+        return lambda: FixedPolicy(config)
+    latency = calibrate(target, drafter, new_drafter)
+    return lambda: AutoPolicy(config, latency)
+
+
+def make_policy(config: TreeConfig, target, drafter=None, new_drafter: Callable[[], object] | None = None) -> BudgetPolicy:
+    """One step policy for ``config`` (see :func:`policy_maker`)."""
+    return policy_maker(config, target, drafter, new_drafter)()
 
 
 __all__ = ["CALIBRATION_PREFIX", "CALIBRATION_VERSION", "DRAFT_WIDTHS", "MIN_CALIBRATION_PREFIX", "REPEATS",
            "VERIFY_SIZES", "cache_dir", "cache_mode", "calibrate", "calibration_key", "calibration_prefix",
-           "clear_calibrations", "drafter_fingerprint", "from_json", "known_latency", "lower_envelope", "make_policy",
+           "clear_calibrations", "drafter_fingerprint", "from_json", "known_latency", "lower_envelope", "make_policy", "policy_maker",
            "measure", "measure_drafter", "measure_verify", "model_fingerprint", "read_cached", "to_json",
            "write_cached"]

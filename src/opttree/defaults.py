@@ -8,7 +8,6 @@ and this draft; the first call on a machine spends a few seconds timing them, ca
 
 Where "auto" cannot run, the left-out arguments fall back to TreeConfig's fixed defaults:
 
-- a batch (several prompts, or a padded one): "auto" times one prompt's tree;
 - ``strategy="sampled"``: a drawn tree whose shape must not depend on timings;
 - ``verifier="rrs"`` or ``"traversal"``: their trees are checked against the draft's own q, so the
   shape is left to the strategy (``"match"``, the default, accepts any tree);
@@ -38,16 +37,16 @@ def wants_default_size(given: dict) -> bool:
     return "nodes" not in given and "threshold" not in given
 
 
-def auto_applies(given: dict, *, batch: bool, can_calibrate: bool) -> bool:
+def auto_applies(given: dict, *, can_calibrate: bool) -> bool:
     """Whether left-out ``nodes``/``threshold`` become "auto" (see the module docstring)."""
     fixed = TreeConfig(**given)  # validates what was given
-    return (wants_default_size(given) and not batch and can_calibrate
+    return (wants_default_size(given) and can_calibrate
             and fixed.strategy in AUTO_STRATEGIES and fixed.verifier in AUTO_VERIFIERS)
 
 
-def resolve(given: dict, *, batch: bool = False, can_calibrate: bool = True) -> TreeConfig:
+def resolve(given: dict, *, can_calibrate: bool = True) -> TreeConfig:
     """The TreeConfig a generate() call runs with: the given arguments exactly as given; left-out
     ``nodes`` and ``threshold`` "auto" where :func:`auto_applies`, else TreeConfig's defaults."""
-    if auto_applies(given, batch=batch, can_calibrate=can_calibrate):
+    if auto_applies(given, can_calibrate=can_calibrate):
         return TreeConfig(**{**given, **AUTO})
     return TreeConfig(**given)

@@ -1,9 +1,15 @@
-"""The speculative decoding loop, one function, in numbered steps.
+"""The speculative decoding loop, one function in numbered steps, for any number of rows.
 
-Invariant at the top of every step: ``sequence`` = every committed token; the target's cache holds
-all of them but the last one, the *root*, whose logits are computed by the step's verification
-forward together with the tree's. The prompt's prefill therefore stops one token short, and the
-first step verifies the prompt's last token together with the first tree.
+Invariant at the top of every step: each row's ``sequence`` = its committed tokens; the target's
+cache holds all of them but the last one, the row's *root*, whose logits are computed by the
+step's verification forward together with the row's tree. The prompts' prefill therefore stops
+one token short, and the first step verifies each prompt's last token together with its first tree.
+
+Batch size 1 is one row, not another loop: its drafter is the drafter itself
+(:meth:`Drafter.rows`), its cache needs no holes (rows.Slots), and its builder runs without
+lockstep threads. Several rows share each draft forward where the drafter batches its rows (a
+draft model), and always share the verification forward; each row keeps its own tree, budget
+policy, stopping criteria and stats, and leaves the batch when it finishes.
 """
 
 from __future__ import annotations
@@ -11,39 +17,46 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
-from . import kv_cache
-from .plan import BudgetPolicy, FixedPolicy
 from .builder import BuiltTree
 from .config import TreeConfig
+from .drafters.base import Drafter, DrafterRows
 from .drafters.clock import DraftClock
-from .masks import verification_inputs
+from .lockstep import run_in_lockstep
+from .plan import BudgetPolicy, FixedPolicy, StepPlan
+from .rows import Row, Slots, batch_step, combined_stats, commit_tokens, finish_together, left_padding, \
+    output_sequences, per_token
 from .stats import GenerationStats, StepStats
-from .tree import DraftTree
-from .strategies import build_tree
 from .stopping import StopRule
-from .verify import greedy_choice, greedy_walk, sampled_choice, verify, with_rows
+from .strategies import build_tree
+from .tree import DraftTree
+from .verify import Acceptance, greedy_choice, greedy_walk, sampled_choice, verify, with_rows
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass
 class DecodeResult:
-    sequences: torch.Tensor  # [1, T + new] long
+    sequences: torch.Tensor  # [B, T + new] long (finished rows right-padded as generate() pads them)
     stats: GenerationStats
-    scores: tuple | None = None  # processed scores per new token, each [1, vocab]
-    logits: tuple | None = None  # raw target logits per new token, each [1, vocab]
+    scores: tuple | None = None  # processed scores per new token, each [B, vocab]
+    logits: tuple | None = None  # raw target logits per new token, each [B, vocab]
 
 
-def target_forward(target, inputs, cache, drafter=None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """One target forward over the root and the tree -> (logits [n + 1, vocab] float32, and for a
-    drafter that wants the target's features, those features [n + 1, H]: ``drafter.features_from``
-    of the hidden states, e.g. the last one, the input of the output head, or a fusion of layers)."""
+def target_forward(target, inputs, cache, want_hidden: bool) -> tuple[torch.Tensor, tuple | None]:
+    """One target forward over every row's root and tree -> (logits [R, q, vocab] float32, and the
+    hidden states (each [R, q, H]) when a drafter wants the target's features)."""
     out = target(**inputs.as_kwargs(), past_key_values=cache, use_cache=True, logits_to_keep=0,
-                 output_hidden_states=drafter is not None)
-    return out.logits[0].float(), drafter.features_from(out.hidden_states) if drafter is not None else None
+                 output_hidden_states=want_hidden)
+    return out.logits.float(), out.hidden_states if want_hidden else None
+
+
+def row_hidden(hidden_states: tuple, b: int) -> list[torch.Tensor]:
+    """Row b of every hidden state: each [1, q, H]."""
+    return [h[b:b + 1] for h in hidden_states]
 
 
 def tree_depth(tree: DraftTree) -> int:
@@ -66,10 +79,40 @@ def node_choice(sequence: torch.Tensor, logits_processor, pick, generator=None):
     return choose, process
 
 
+def empty_tree(device: torch.device) -> BuiltTree:
+    return BuiltTree(DraftTree.empty(device), torch.empty(0, dtype=torch.long), depth_bound=0, expected_length=0.0)
+
+
+def draft_trees(clock: DraftClock, rows: list[Row], caps: list[int], plans: list[StepPlan], config: TreeConfig,
+                generator) -> list[BuiltTree] | None:
+    """Every row's tree (not deeper than its cap): one catch-up call, then one drafter call per
+    layer for all rows still growing (their builders run in lockstep). None: no row may draft."""
+    if all(cap < 1 for cap in caps):
+        return None
+    root_probs = clock.root_probs([row.tokens for row in rows])
+
+    def task(b: int):
+        def build(call):
+            if caps[b] < 1:
+                return empty_tree(rows[b].sequence.device)
+            return build_tree(root_probs[b], lambda pool, frontier: call((b, pool, frontier)), config, caps[b],
+                              generator=generator, plan=plans[b])
+        return build
+
+    def answer_all(requests):  # [(row, pool, frontier)] of the rows still growing
+        per_row = [None] * len(rows)
+        for b, pool, frontier in requests:
+            per_row[b] = (pool, frontier)
+        answers = clock.expand(per_row)
+        return [answers[b] for b, _, _ in requests]
+
+    return run_in_lockstep([task(b) for b in range(len(rows))], answer_all)
+
+
 def speculative_decode(
     target,
-    drafter,
-    input_ids: torch.Tensor,  # [1, T] long
+    drafter: Drafter | DrafterRows,
+    input_ids: torch.Tensor,  # [B, T] long (left-padded when B > 1 and the prompts differ in length)
     cache,
     logits_processor,
     stopping_criteria,
@@ -77,127 +120,150 @@ def speculative_decode(
     *,
     max_length: int,
     context_length: int,
+    attention_mask: torch.Tensor | None = None,  # [B, T], 0 on the left padding; None: no padding
+    pad_token_id: int | None = None,
+    pad_finished: bool = True,
     do_sample: bool = False,
     streamer=None,
     generator: torch.Generator | None = None,
     output_scores: bool = False,
     output_logits: bool = False,
-    policy: BudgetPolicy | None = None,
+    new_policy: Callable[[], BudgetPolicy] | None = None,
 ) -> DecodeResult:
-    """policy: each step's tree budget (budget.py); default: ``config``'s fixed nodes and threshold.
+    """drafter: a Drafter (its :meth:`Drafter.rows` view is taken) or a DrafterRows for B rows.
+    pad_finished: generate() pads a finished row (with ``pad_token_id``) only when its stopping
+    criteria include an EOS one; otherwise every row goes on until all have stopped.
+    new_policy: makes each row's step budget policy (budget.py); default ``config``'s fixed one.
 
-    Host reads per step (greedy, no logits processors): one per drafted layer (the builder's
-    threshold test), one for the walk (the accepted path, its pool ids and the emitted tokens),
-    one in the drafter's commit; everything else stays on the devices."""
-    policy = policy or FixedPolicy(config)
-    timed = not isinstance(policy, FixedPolicy)  # "auto" learns from device times: sync to read them
+    Host reads per step of one row (greedy, no logits processors): one per drafted layer (the
+    builder's threshold test), one for the walk (the accepted path, its pool ids and the emitted
+    tokens), one in a draft model's commit; everything else stays on the devices."""
+    count = input_ids.shape[0]
+    if streamer is not None and count > 1:
+        raise ValueError("streamers take one sequence (generate()'s rule): stream one prompt per generate() call")
+    drafters = drafter.rows(count) if isinstance(drafter, Drafter) else drafter
+    new_policy = new_policy or (lambda: FixedPolicy(config))
     pick = sampled_choice if do_sample else greedy_choice
     fast_walk = not do_sample and len(logits_processor or []) == 0  # argmax over every node at once
     stop = StopRule.of(stopping_criteria)
     want_rows = output_scores or output_logits or stop.needs_scores
-    sequence = input_ids[0]
-    stats = GenerationStats(prompt_tokens=len(sequence))
-    scores_out: list[torch.Tensor] = []
-    logits_out: list[torch.Tensor] = []
+    padded = attention_mask is not None and not bool(attention_mask.bool().all())
+    pads = left_padding(attention_mask).tolist() if padded else [0] * count
+    rows = [Row(b, input_ids[b], pads[b], max_length, new_policy()) for b in range(count)]
+    every_row = list(rows)
+    for row in rows:
+        row.stats.prompt_tokens = len(row.tokens)
+    timed = any(not isinstance(row.policy, FixedPolicy) for row in rows)  # "auto" learns from device times
+    wants_hidden = drafters.wants_hidden_states
+    batch_steps: list[StepStats] = []
 
-    # 0. prefill the target with all prompt tokens but the root (a feature head drafter reads
-    #    the target's features of every committed token)
-    wants_hidden = bool(getattr(drafter, "wants_hidden_states", False))
-    if len(sequence) > 1:
+    # 0. prefill the target with all prompt columns but the last (every row's root), positions as
+    #    generate()'s; a drafter that wants the target's features gets those of every committed token
+    mask = attention_mask.bool() if attention_mask is not None else torch.ones_like(input_ids, dtype=torch.bool)
+    slots = Slots(input_ids.shape[1] - 1, None if count == 1 and not padded else mask[:, :-1].clone())
+    if input_ids.shape[1] > 1:
+        extra = {}
+        if slots.valid is not None:
+            positions = (mask.long().cumsum(-1) - 1).masked_fill(~mask, 0)
+            extra = dict(attention_mask=mask[:, :-1].long(), position_ids=positions[:, :-1])
         out = target(input_ids=input_ids[:, :-1], past_key_values=cache, use_cache=True, logits_to_keep=1,
-                     output_hidden_states=wants_hidden)
+                     output_hidden_states=wants_hidden, **extra)
         if wants_hidden:
-            drafter.add_features(drafter.features_from(out.hidden_states))  # [T - 1, H]
-    past_len = len(sequence) - 1
-    length = len(sequence)
+            drafters.add_features([drafters.features_from(b, row_hidden(out.hidden_states, b))[row.pad:]
+                                   for b, row in enumerate(rows)])
 
-    finished = False
-    while not finished:
-        # 1. draft a tree (not deeper than the tokens still allowed and the context)
-        depth_cap = min(max_length - length - 1, context_length - length)
+    while rows:
+        # 1. draft every row's tree (not deeper than its tokens still allowed and the context)
+        caps = [min(row.limit - len(row.sequence) - 1, context_length - len(row.tokens)) for row in rows]
         t0 = time.perf_counter()
-        forwards_before = getattr(drafter, "forwards", 0)
-        plan = policy.plan()  # this step's nodes, threshold, layer width (and for "auto" its rules)
-        clock = DraftClock(drafter, sync=timed)  # times the drafter's calls, whatever the drafter
-        if depth_cap >= 1:
-            root_probs = clock.root_probs(sequence)
-            built = build_tree(root_probs, clock.expand, config, depth_cap, generator=generator, plan=plan)
-        else:
-            built = BuiltTree(DraftTree.empty(sequence.device), torch.empty(0, dtype=torch.long), depth_bound=0,
-                              expected_length=0.0)
-        tree = built.tree.to(sequence.device)
+        forwards_before = drafters.forwards
+        plans = [row.policy.plan() for row in rows]  # each row's nodes, threshold, layer width
+        clock = DraftClock(drafters, len(rows), sync=timed)
+        builts = draft_trees(clock, rows, caps, plans, config, generator)
+        drafted = builts is not None
+        builts = builts or [empty_tree(row.sequence.device) for row in rows]
+        trees = [built.tree.to(row.sequence.device) for built, row in zip(builts, rows)]
         t1 = time.perf_counter()
 
-        # 2. verify: ONE target forward over the root and every tree node
-        inputs = verification_inputs(sequence[-1:], tree, past_len, target.dtype)
-        logits, hidden = target_forward(target, inputs, cache, drafter if wants_hidden else None)
-        logits = logits.to(sequence.device)  # [n + 1, vocab], where generate() keeps ids
+        # 2. verify: ONE target forward over every row's root and tree
+        roots = rows[0].sequence[-1:] if len(rows) == 1 else torch.stack([row.sequence[-1] for row in rows])
+        logits, hidden = target_forward(target, slots.inputs(roots, trees, rows, target.dtype), cache, wants_hidden)
+        logits = logits.to(roots.device)  # [R, q, vocab], where generate() keeps ids
 
-        # 3. walk the tree: the target's own token at the root and at each accepted node
-        if fast_walk:
-            acceptance = greedy_walk(tree, logits, built.pool_ids, built.depth_bound)
-            if want_rows:
-                with_rows(acceptance, logits)
-        else:
-            choose, process = node_choice(sequence, logits_processor, pick, generator)
-            acceptance = verify(built, tree, logits, choose, config, process=process if do_sample else None,
-                                generator=generator)
+        # 3. walk each row's tree: the target's own token at the root and at each accepted node
+        acceptances: list[Acceptance] = []
+        for b, (row, built, tree) in enumerate(zip(rows, builts, trees)):
+            row_logits = logits[b, :len(tree) + 1]  # [n_b + 1, vocab]
+            if fast_walk:
+                acceptance = greedy_walk(tree, row_logits, built.pool_ids, built.depth_bound)
+                if want_rows:
+                    with_rows(acceptance, row_logits)
+            else:
+                choose, process = node_choice(row.sequence, logits_processor, pick, generator)
+                acceptance = verify(built, tree, row_logits, choose, config, process=process if do_sample else None,
+                                    generator=generator)
+            acceptances.append(acceptance)
         t2 = time.perf_counter()
 
-        # 4. keep only the root and the accepted path in both caches
-        kv_cache.keep_slots(cache, past_len + 1, [past_len + 1 + i for i in acceptance.nodes])
-        if depth_cap >= 1:
-            pool_ids = acceptance.pool_ids
-            if pool_ids is None:
-                pool_ids = built.pool_ids[acceptance.nodes].tolist()
-            drafter.commit(pool_ids)
-        if wants_hidden:  # the features of the root and the accepted nodes
-            rows = torch.tensor([0] + [1 + i for i in acceptance.nodes], device=hidden.device)
-            drafter.add_features(hidden[rows])
-        past_len += 1 + acceptance.accepted
+        # 4. keep only each row's root and accepted path in both caches
+        slots.keep(cache, acceptances)
+        if drafted:
+            drafters.commit([a.pool_ids if a.pool_ids is not None else built.pool_ids[a.nodes].tolist()
+                             for a, built in zip(acceptances, builts)])
+        if wants_hidden:  # the features of each row's root and accepted nodes
+            drafters.add_features([drafters.features_from(b, row_hidden(hidden, b))[[0] + [1 + i for i in a.nodes]]
+                                   for b, a in enumerate(acceptances)])
 
-        # 5. commit the new tokens, up to the first one after which a stopping criterion fires
-        def ask(j: int) -> bool:  # generate()'s other criteria on the sequence ending with token j
-            ids = torch.tensor(acceptance.tokens[:j + 1], dtype=sequence.dtype, device=sequence.device)
-            context = torch.cat([sequence, ids])[None, :]
-            return bool(stopping_criteria(context, acceptance.scores[j][None]).any())
+        # 5. commit each row's tokens, up to the first one after which a stopping criterion fires
+        forwards = drafters.forwards - forwards_before
+        share = 1.0 / len(rows)  # a row's share of the step's shared phases
+        lengths = [len(row.sequence) for row in rows]
+        for b, (row, built, tree, acceptance) in enumerate(zip(rows, builts, trees, acceptances)):
+            emitted = commit_tokens(row, acceptance, stop, stopping_criteria, pad_finished)
+            if output_scores:  # kept only on request: a [vocab] row per token adds up over long runs
+                row.scores.extend(acceptance.scores[:emitted])
+            if output_logits:
+                row.logits.extend(acceptance.logits[:emitted])
+            row.stats.new_tokens += emitted
+            row.stats.steps.append(StepStats(
+                tree_size=len(tree),
+                tree_depth=acceptance.tree_depth if acceptance.tree_depth is not None else tree_depth(tree),
+                expected_length=built.expected_length if built.expected_length is not None else tree.expected_length,
+                accepted=acceptance.accepted,
+                emitted=emitted,
+                draft_forwards=forwards,
+                draft_seconds=(t1 - t0) * share,
+                verify_seconds=(t2 - t1) * share,
+                tree=tree,
+                accepted_nodes=list(acceptance.nodes),
+                root_seconds=clock.root_seconds[b],
+                layers=clock.layers[b],
+            ))
+        if not pad_finished:
+            finish_together(every_row)
+        if streamer is not None:  # one row (checked above)
+            streamer.put(rows[0].sequence[lengths[0]:].cpu())
+        for row in rows:
+            if not row.done and len(row.tokens) > context_length:
+                logger.warning("stopped at the model's context length (%d tokens)", context_length)
+                row.done = True
+            row.policy.observe(row.stats.steps[-1])  # what the step cost ("auto" refreshes its latency model)
+        if len(every_row) > 1:
+            batch_steps.append(batch_step([row.stats.steps[-1] for row in rows], forwards, t1 - t0, t2 - t1))
 
-        keep = stop.cut(length, acceptance.tokens, ask)
-        finished = keep is not None
-        new = acceptance.tokens if keep is None else acceptance.tokens[:keep]
-        sequence = torch.cat([sequence, torch.tensor(new, dtype=sequence.dtype, device=sequence.device)])
-        length += len(new)
-        if output_scores:  # kept only on request: a [vocab] row per token adds up over long runs
-            scores_out.extend(row[None] for row in acceptance.scores[:len(new)])
-        if output_logits:
-            logits_out.extend(row[None] for row in acceptance.logits[:len(new)])
-        if not finished and length > context_length:
-            logger.warning("stopped at the model's context length (%d tokens)", context_length)
-            finished = True
-        if streamer is not None:
-            streamer.put(torch.tensor(new, dtype=torch.long))
-        stats.new_tokens += len(new)
-        stats.steps.append(StepStats(
-            tree_size=len(tree),
-            tree_depth=acceptance.tree_depth if acceptance.tree_depth is not None else tree_depth(tree),
-            expected_length=built.expected_length if built.expected_length is not None else tree.expected_length,
-            accepted=acceptance.accepted,
-            emitted=len(new),
-            draft_forwards=getattr(drafter, "forwards", 0) - forwards_before,
-            draft_seconds=t1 - t0,
-            verify_seconds=t2 - t1,
-            tree=tree,
-            accepted_nodes=list(acceptance.nodes),
-            root_seconds=clock.root_seconds,
-            layers=clock.layers,
-        ))
-        policy.observe(stats.steps[-1])  # what the step cost ("auto" refreshes its latency model)
+        # 6. finished rows leave the batch (target cache, drafter, trees), so they stop costing work
+        keep = [b for b, row in enumerate(rows) if not row.done]
+        if len(keep) < len(rows):
+            rows = [rows[b] for b in keep]
+            if rows:
+                slots.select(cache, keep)
+                drafters.select(keep)
 
     if streamer is not None:
         streamer.end()
     return DecodeResult(
-        sequences=sequence[None, :],
-        stats=stats,
-        scores=tuple(scores_out) if output_scores else None,
-        logits=tuple(logits_out) if output_logits else None,
+        sequences=output_sequences(every_row, pad_token_id),
+        stats=combined_stats(every_row, batch_steps),
+        scores=per_token(every_row, [row.scores for row in every_row]) if output_scores else None,
+        logits=per_token(every_row, [row.logits for row in every_row]) if output_logits else None,
     )

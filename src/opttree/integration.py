@@ -11,17 +11,15 @@ from dataclasses import dataclass
 import torch
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from .batch import check_batch, speculative_decode_batch
 from .config import TreeConfig
 from .defaults import TREE_ARGS, given_settings, resolve
 from .drafters import load_if_path, make_drafter
-from .drafters.feature_head import FeatureHeadDrafter
-from .drafters.model import BatchModelDrafter, ModelDrafter
+from .drafters.make import is_draft_model
 from .fast_linear import weight_major
 from .generation import speculative_decode
 from .sampling import draft_to_probs
 from .stats import GenerationStats
-from .validation import check_generation_mode, check_inputs, check_pair, context_length, is_batch
+from .validation import check_generation_mode, check_inputs, check_pair, context_length
 from . import budget, kv_cache
 
 
@@ -40,82 +38,61 @@ def _decode(model, draft_model, given: dict, input_ids, logits_processor, stoppi
     TreeConfig(**given)  # bad settings fail before anything is loaded
     check_generation_mode(generation_config)
     draft_model = load_if_path(draft_model, model)  # a draft folder: loaded once for this call
-    drafter = make_drafter(draft_model, model)
-    if generation_config.do_sample and isinstance(drafter, (ModelDrafter, FeatureHeadDrafter)) and drafter is not draft_model:
-        drafter.to_probs = draft_to_probs(logits_processor)  # the tree sees the q the verifier sees
+    sampling = bool(generation_config.do_sample)
+    to_probs = draft_to_probs(logits_processor) if sampling else None  # the tree sees the q the verifier sees
+    drafter = make_drafter(draft_model, model, to_probs)
     max_context = context_length(model)
-    draft_context = getattr(drafter, "context_length", None)
-    if draft_context is not None:
-        max_context = min(max_context or draft_context, draft_context)
+    if drafter.context_length is not None:
+        max_context = min(max_context or drafter.context_length, drafter.context_length)
     attention_mask = model_kwargs.get("attention_mask")
     check_inputs(input_ids, attention_mask, max_context)
-    batch = is_batch(input_ids, attention_mask)
-    config = resolve(given, batch=batch, can_calibrate=budget.calibration_prefix(model, drafter) is not None)
-    if batch:
-        return _decode_batch(model, drafter, config, input_ids, attention_mask, logits_processor, stopping_criteria,
-                             generation_config, streamer, generator, model_kwargs.get("past_key_values"), max_context)
+    if streamer is not None and input_ids.shape[0] > 1:
+        raise ValueError("streamers take one sequence (generate()'s rule): stream one prompt per generate() call")
+    config = resolve(given, can_calibrate=budget.calibration_prefix(model, drafter) is not None)
     # nodes/threshold="auto": measure this machine (a scratch drafter of the same kind is timed)
-    new_drafter = None if drafter is draft_model else (lambda: make_drafter(draft_model, model))
-    policy = budget.make_policy(config, model, drafter, new_drafter)
+    policy = budget.policy_maker(config, model, drafter, drafter.fresh)
+    drafters = drafter.rows(input_ids.shape[0])
     max_length = stopping_criteria.max_length or generation_config.max_length
     cache = model_kwargs.get("past_key_values")
     if cache is None:
         cache = kv_cache.new_cache(model)
-    total = min(max_length, max_context or max_length) + policy.max_nodes
-    kv_cache.check_cache(cache, total)
-    if getattr(drafter, "cache", None) is not None:
-        kv_cache.check_cache(drafter.cache, total)
+    room = cache_room(input_ids, max_length, max_context, config, policy().max_nodes)
+    for each in [cache, *drafters.caches()]:
+        kv_cache.check_cache(each, room)
     if streamer is not None:
         streamer.put(input_ids.cpu())
+    pad = generation_config._pad_token_tensor
     with torch.inference_mode(), weight_major(model, draft_model):  # few-row fp32 CPU linears (fast_linear)
         result = speculative_decode(
-            model, drafter, input_ids, cache, logits_processor, stopping_criteria, config,
+            model, drafters, input_ids, cache, logits_processor, stopping_criteria, config,
             max_length=max_length,
             context_length=max_context or (1 << 62),
-            do_sample=bool(generation_config.do_sample),
+            attention_mask=attention_mask,
+            pad_token_id=None if pad is None else int(pad),
+            pad_finished=any(hasattr(c, "eos_token_id") for c in stopping_criteria),  # generate()'s own test
+            do_sample=sampling,
             streamer=streamer,
             generator=generator,
             output_scores=bool(generation_config.output_scores),
             output_logits=bool(generation_config.output_logits),
-            policy=policy,
+            new_policy=policy,
         )
-    if generation_config.return_dict_in_generate:
+    if generation_config.return_dict_in_generate:  # a batch's cache has lost its finished rows: not returned
         return SpeculativeDecoderOnlyOutput(
             sequences=result.sequences, scores=result.scores, logits=result.logits,
-            past_key_values=cache, stats=result.stats,
+            past_key_values=cache if input_ids.shape[0] == 1 else None, stats=result.stats,
         )
     return result.sequences
 
 
-def _decode_batch(model, drafter, config: TreeConfig, input_ids, attention_mask, logits_processor, stopping_criteria,
-                  generation_config, streamer, generator, cache, max_context):
-    """Several prompts (or a padded one): batch.py's loop."""
-    check_batch(drafter, config, generation_config, streamer)
-    if attention_mask is None:
-        attention_mask = torch.ones_like(input_ids)
-    drafter = BatchModelDrafter.from_drafter(drafter, input_ids.shape[0])
-    max_length = stopping_criteria.max_length or generation_config.max_length
-    if cache is None:
-        cache = kv_cache.new_cache(model)
-    # holes: a step adds 1 + the most tokens any row accepted, so the caches may outgrow the rows
+def cache_room(input_ids: torch.Tensor, max_length: int, max_context: int | None, config: TreeConfig,
+               max_nodes: int) -> int:
+    """The most slots a cache may reach: the longest sequence plus one step's tree; a batch also
+    leaves holes (each step adds 1 + the most tokens any row accepted)."""
+    if input_ids.shape[0] == 1:
+        return min(max_length, max_context or max_length) + max_nodes
     steps = max(max_length - input_ids.shape[1], 1)
-    total = input_ids.shape[1] + steps * (1 + min(config.nodes, config.max_depth)) + config.nodes
-    kv_cache.check_cache(cache, total)
-    kv_cache.check_cache(drafter.cache, total)
-    pad = generation_config._pad_token_tensor
-    with torch.inference_mode(), weight_major(model, drafter.model):
-        result = speculative_decode_batch(
-            model, drafter, input_ids, attention_mask, cache, logits_processor, stopping_criteria, config,
-            max_length=max_length,
-            context_length=max_context or (1 << 62),
-            pad_token_id=None if pad is None else int(pad),
-            pad_finished=any(hasattr(c, "eos_token_id") for c in stopping_criteria),  # as generate()'s _sample
-            do_sample=bool(generation_config.do_sample),
-            generator=generator,
-        )
-    if generation_config.return_dict_in_generate:  # the cache has lost the finished rows: not returned
-        return SpeculativeDecoderOnlyOutput(sequences=result.sequences, stats=result.stats)
-    return result.sequences
+    return input_ids.shape[1] + steps * (1 + min(max_nodes, config.max_depth)) + max_nodes
 
 
 def tree_config(**given) -> TreeConfig:
@@ -247,13 +224,13 @@ class SpeculativeGenerator:
     def __init__(self, target, draft, nodes=None, threshold=None, max_depth=None, strategy=None, verifier=None,
                  static_tree=None, tokenizer=None, draft_tokenizer=None, generator: torch.Generator | None = None):
         draft = load_if_path(draft, target)
-        if not isinstance(draft, str) and not hasattr(draft, "root_probs") and not hasattr(draft, "for_target"):  # a model
+        if is_draft_model(draft):
             check_pair(target, draft, tokenizer, draft_tokenizer)
         self.target = target
         self.draft = draft
         self.settings = given_settings(nodes=nodes, threshold=threshold, max_depth=max_depth, strategy=strategy,
                                        verifier=verifier, static_tree=static_tree)
-        self.config = resolve(self.settings)  # validated now: what one prompt runs with (a batch: see defaults.py)
+        self.config = resolve(self.settings)  # validated now: what a call runs with where "auto" can calibrate
         self.generator = generator
         self.last_stats: GenerationStats | None = None
 

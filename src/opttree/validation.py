@@ -56,12 +56,6 @@ def check_pair(target, draft, tokenizer=None, draft_tokenizer=None) -> None:
         )
 
 
-def is_batch(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> bool:
-    """Several prompts, or a padded one: decoded by batch.py (one unpadded prompt: generation.py)."""
-    padded = attention_mask is not None and attention_mask.dim() == 2 and not bool(attention_mask.all())
-    return input_ids.shape[0] > 1 or padded
-
-
 def check_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor | None, max_context: int | None) -> None:
     if input_ids.shape[-1] == 0:
         raise ValueError(

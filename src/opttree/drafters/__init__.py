@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from .base import Drafter
+from .base import Drafter, DrafterRows
 from .make import DRAFT_META, load_if_path, make_drafter
 from .mixed import MixedDrafter
 from .model import ModelDrafter
 from .ngram import PromptLookupDrafter
 
-__all__ = ["DRAFT_META", "Drafter", "MixedDrafter", "ModelDrafter", "PromptLookupDrafter", "load_if_path",
+__all__ = ["DRAFT_META", "Drafter", "DrafterRows", "MixedDrafter", "ModelDrafter", "PromptLookupDrafter", "load_if_path",
            "make_drafter"]

@@ -1,4 +1,4 @@
-"""Time one step's drafter calls through the Drafter protocol (any drafter, model or not)."""
+"""Time one step's drafter calls, per batch row, whatever the drafter."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import time
 import torch
 
 from ..stats import LayerTiming
+from .base import DrafterRows
 
 
 def _sync(out) -> None:
@@ -16,32 +17,38 @@ def _sync(out) -> None:
 
 
 class DraftClock:
-    """Wraps a drafter's ``root_probs`` and ``expand`` for one step and records their times.
+    """Wraps a :class:`DrafterRows`' ``root_probs`` and ``expand`` for one step and records their
+    times per row. A call that serves several rows (one shared draft forward) counts for each of
+    them as an equal share of its time.
 
     sync: wait for the device after each call, so the times are the device's (what ``"auto"``
     budgets learn from). Off, a CUDA drafter's calls are only launched when the clock reads, and
     the step is never stalled to time it."""
 
-    def __init__(self, drafter, sync: bool = True):
-        self.drafter = drafter
+    def __init__(self, drafters: DrafterRows, rows: int, sync: bool = True):
+        self.drafters = drafters
         self.sync = sync
-        self.root_seconds = 0.0
-        self.layers: list[LayerTiming] = []
+        self.root_seconds = [0.0] * rows
+        self.layers: list[list[LayerTiming]] = [[] for _ in range(rows)]
 
-    def root_probs(self, sequence: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-        """sequence: [T] long -> [vocab] float, as ``drafter.root_probs``."""
+    def root_probs(self, sequences: list[torch.Tensor]) -> list[torch.Tensor]:
+        """sequences: each row's [T_b] long -> each row's [vocab], as ``DrafterRows.root_probs``."""
         start = time.perf_counter()
-        out = self.drafter.root_probs(sequence, *args, **kwargs)
+        out = self.drafters.root_probs(sequences)
         if self.sync:
-            _sync(out)
-        self.root_seconds += time.perf_counter() - start
+            _sync(out[0])
+        share = (time.perf_counter() - start) / len(sequences)
+        self.root_seconds = [s + share for s in self.root_seconds]
         return out
 
-    def expand(self, pool, frontier: torch.Tensor) -> torch.Tensor:
-        """frontier: [k] long pool ids -> [k, vocab] float, as ``drafter.expand``."""
+    def expand(self, requests: list) -> list:
+        """requests: per row ``(pool, frontier)`` or None -> per row [k_b, vocab] or None."""
         start = time.perf_counter()
-        out = self.drafter.expand(pool, frontier)
+        out = self.drafters.expand(requests)
         if self.sync:
-            _sync(out)
-        self.layers.append(LayerTiming(width=len(frontier), seconds=time.perf_counter() - start))
+            _sync(next(o for o in out if o is not None))
+        active = [b for b, r in enumerate(requests) if r is not None]
+        share = (time.perf_counter() - start) / len(active)
+        for b in active:
+            self.layers[b].append(LayerTiming(width=len(requests[b][1]), seconds=share))
         return out

@@ -31,6 +31,7 @@ from torch import nn
 
 from ..masks import additive_mask
 from ..tree import DraftTree
+from .base import Drafter, ToProbs
 
 
 @dataclass(frozen=True)
@@ -262,6 +263,10 @@ class FeatureHead(nn.Module):
 
     def for_target(self, target) -> "FeatureHeadDrafter":
         """A fresh drafter for one generate() call on ``target`` (checked to fit this head)."""
+        return FeatureHeadDrafter(self).bind(target, None)
+
+    def check_fits(self, target) -> None:
+        """Refuse a target whose hidden size or vocabulary differs from the one the head was made for."""
         config = target.config.get_text_config() if hasattr(target.config, "get_text_config") else target.config
         if (config.hidden_size, config.vocab_size) != (self.c.hidden_size, self.c.vocab_size):
             raise ValueError(
@@ -270,7 +275,6 @@ class FeatureHead(nn.Module):
                 f"{config.vocab_size}; load the head with opttree.distill.load_draft(path, target) "
                 "for the target it was trained on, or train one with `opttree distill --kind head`"
             )
-        return FeatureHeadDrafter(self)
 
 
 def causal_visible(q: int, s: int, device) -> torch.Tensor:
@@ -280,13 +284,13 @@ def causal_visible(q: int, s: int, device) -> torch.Tensor:
     return visible
 
 
-class FeatureHeadDrafter:
-    """Drafts trees with a :class:`FeatureHead`; one instance per generate() call."""
+class FeatureHeadDrafter(Drafter):
+    """Drafts trees with a :class:`FeatureHead`; one instance per generate() call and batch row."""
 
     wants_hidden_states = True  # the generation loop calls add_features with the target's features
     context_length = None  # RoPE: no limit of its own
 
-    def __init__(self, head: FeatureHead, to_probs: Callable[[torch.Tensor], torch.Tensor] | None = None):
+    def __init__(self, head: FeatureHead, to_probs: ToProbs | None = None):
         self.head = head
         self.to_probs = to_probs  # full logits [k, V] -> probabilities; None: softmax (fast path)
         self.kv: KV | None = None  # entries 0..cached-1, all with true target features
@@ -296,6 +300,15 @@ class FeatureHeadDrafter:
         self.predicted = torch.zeros(1, head.c.hidden_size, device=head.device)  # [1 + m, H]: g of the root (row 0) and of pool node p (row 1 + p, once fed)
         self.root_position = 0
         self.forwards = 0
+
+    def bind(self, target, to_probs: ToProbs | None) -> "FeatureHeadDrafter":
+        """A fresh drafter on the same head, checked to fit ``target``; sampling: ``to_probs``
+        turns the head's full logits into its q."""
+        self.head.check_fits(target)
+        return FeatureHeadDrafter(self.head, to_probs or self.to_probs)
+
+    def fresh(self) -> "FeatureHeadDrafter":
+        return FeatureHeadDrafter(self.head, self.to_probs)
 
     @property
     def cached(self) -> int:

@@ -1,12 +1,15 @@
-"""``draft_model=`` -> a per-call drafter (any form the README lists)."""
+"""``draft_model=`` -> the drafter one generate() call uses (any form the README lists)."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
+import torch
+
 from ..validation import check_pair, context_length
-from .base import Drafter
+from .base import Drafter, ToProbs
+from .feature_head import FeatureHead, FeatureHeadDrafter
 from .model import ModelDrafter
 from .ngram import PromptLookupDrafter
 
@@ -29,18 +32,29 @@ def load_if_path(draft, target):
     )
 
 
-def make_drafter(draft, target) -> Drafter:
+def is_draft_model(draft) -> bool:
+    """Whether ``draft_model=`` is a draft MODEL (a causal LM), rather than a drafter, a feature
+    head, a draft folder or ``"prompt_lookup"``."""
+    return isinstance(draft, torch.nn.Module) and not isinstance(draft, FeatureHead)
+
+
+def make_drafter(draft, target, to_probs: ToProbs | None = None) -> Drafter:
     """What ``draft_model=`` may be: a causal LM sharing the target's vocabulary, ``"prompt_lookup"``
-    (model-free n-gram drafting), a folder written by ``opttree distill``, or a Drafter (one with ``for_target(target)`` is bound afresh to
-    this target for each call, so its per-call state never leaks into the next)."""
+    (model-free n-gram drafting), a folder written by ``opttree distill``, a feature head, or a
+    :class:`~opttree.drafters.base.Drafter` (bound afresh with :meth:`Drafter.bind` for each call).
+    to_probs: with sampling, the warpers' draft logits -> q (see Drafter.bind); None: greedy."""
     draft = load_if_path(draft, target)
     if isinstance(draft, str) and draft == "prompt_lookup":
-        return PromptLookupDrafter().for_target(target)
-    if hasattr(draft, "for_target"):
-        return draft.for_target(target)
-    if hasattr(draft, "root_probs") and hasattr(draft, "expand") and hasattr(draft, "commit"):
-        return draft
+        return PromptLookupDrafter().bind(target, to_probs)
+    if isinstance(draft, Drafter):
+        return draft.bind(target, to_probs)
+    if isinstance(draft, FeatureHead):
+        return FeatureHeadDrafter(draft).bind(target, to_probs)
+    if not is_draft_model(draft):
+        raise TypeError(
+            f"draft_model= got a {type(draft).__name__}; it takes a causal LM with the target's vocabulary, "
+            "'prompt_lookup', a folder written by `opttree distill`, or a subclass of opttree.drafters.Drafter "
+            "(a drafter of your own must subclass Drafter: see its docstring)"
+        )
     check_pair(target, draft)
-    drafter = ModelDrafter(draft)
-    drafter.context_length = context_length(draft)
-    return drafter
+    return ModelDrafter(draft, to_probs, context_length(draft))

@@ -10,15 +10,18 @@ the lookups) and keep their own state.
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 
 from ..tree import DraftTree
+from .base import Drafter, ToProbs
 from .make import make_drafter
 
 
-class MixedDrafter:
+class MixedDrafter(Drafter):
     """model_drafter, ngram_drafter: anything ``draft_model=`` accepts (a causal LM, a Drafter,
-    ``"prompt_lookup"``); weight: the n-gram share of q where it matched, in [0, 1]."""
+    ``"prompt_lookup"``, a draft folder); weight: the n-gram share of q where it matched, in [0, 1]."""
 
     def __init__(self, model_drafter, ngram_drafter="prompt_lookup", weight: float = 0.5):
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0.0 <= weight <= 1.0:
@@ -27,26 +30,31 @@ class MixedDrafter:
         self.ngram_drafter = ngram_drafter
         self.weight = float(weight)
 
-    def for_target(self, target) -> "MixedDrafter":
-        """Fresh inner drafters bound to ``target`` (one per generate() call)."""
-        mixed = MixedDrafter(make_drafter(self.model_drafter, target), make_drafter(self.ngram_drafter, target),
-                             self.weight)
-        mixed.context_length = getattr(mixed.model_drafter, "context_length", None)
-        return mixed
+    def bind(self, target, to_probs: ToProbs | None) -> "MixedDrafter":
+        """Fresh inner drafters bound to ``target`` (one per generate() call), both with the
+        sampling warpers ``to_probs``."""
+        return MixedDrafter(make_drafter(self.model_drafter, target, to_probs),
+                            make_drafter(self.ngram_drafter, target, to_probs), self.weight)
+
+    def fresh(self) -> "MixedDrafter":
+        return MixedDrafter(self.model_drafter.fresh(), self.ngram_drafter.fresh(), self.weight)
+
+    @property
+    def context_length(self) -> int | None:
+        return self.model_drafter.context_length if isinstance(self.model_drafter, Drafter) else None
 
     @property
     def forwards(self) -> int:
-        return getattr(self.model_drafter, "forwards", 0) + getattr(self.ngram_drafter, "forwards", 0)
-
-    @property
-    def cache(self):
-        return getattr(self.model_drafter, "cache", None)
+        return self.model_drafter.forwards + self.ngram_drafter.forwards
 
     @property
     def wants_hidden_states(self) -> bool:  # a feature head inside wants the target's features
-        return bool(getattr(self.model_drafter, "wants_hidden_states", False))
+        return self.model_drafter.wants_hidden_states
 
-    def features_from(self, hidden_states: tuple) -> torch.Tensor:
+    def caches(self) -> list:
+        return self.model_drafter.caches() + self.ngram_drafter.caches()
+
+    def features_from(self, hidden_states: Sequence[torch.Tensor]) -> torch.Tensor:
         return self.model_drafter.features_from(hidden_states)
 
     def add_features(self, features: torch.Tensor) -> None:

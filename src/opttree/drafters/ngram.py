@@ -21,10 +21,11 @@ from collections import Counter, defaultdict
 import torch
 
 from ..tree import DraftTree
+from .base import Drafter, ToProbs
 
 
-class PromptLookupDrafter:
-    """The Drafter protocol (drafters/base.py) without a model.
+class PromptLookupDrafter(Drafter):
+    """A :class:`~opttree.drafters.base.Drafter` without a model.
 
     max_ngram / min_ngram: the longest / shortest suffix looked up (longest matching one wins).
     vocab_size: the length of the returned probability rows; :func:`make_drafter` fills it in from
@@ -41,11 +42,15 @@ class PromptLookupDrafter:
         self.forwards = 0  # no model: no draft forwards, ever
         self.reset()
 
-    def for_target(self, target) -> "PromptLookupDrafter":
-        """A fresh drafter (empty index) with the target's vocabulary size: one per generate() call."""
+    def bind(self, target, to_probs: ToProbs | None) -> "PromptLookupDrafter":
+        """A fresh drafter (empty index) with the target's vocabulary size: one per generate() call.
+        (Its q are counted frequencies, not logits: sampling's warpers do not apply.)"""
         from ..validation import vocab_size
 
         return PromptLookupDrafter(self.max_ngram, self.min_ngram, vocab_size(target))
+
+    def fresh(self) -> "PromptLookupDrafter":
+        return PromptLookupDrafter(self.max_ngram, self.min_ngram, self.vocab_size)
 
     def reset(self) -> None:
         self.text: list[int] = []  # the committed tokens indexed so far
@@ -96,7 +101,7 @@ class PromptLookupDrafter:
                     probs[row, token] = count / total
         return probs.to(self.device)
 
-    # -- the Drafter protocol ---------------------------------------------------------------------
+    # -- the Drafter interface ---------------------------------------------------------------------
 
     def root_probs(self, sequence: torch.Tensor) -> torch.Tensor:
         """sequence: [T] long, the committed tokens -> [vocab] float."""
