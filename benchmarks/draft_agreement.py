@@ -32,6 +32,8 @@ from pathlib import Path
 
 import torch
 
+from opttree.drafters.feature_head import FeatureHead
+
 logger = logging.getLogger("draft_agreement")
 
 
@@ -213,11 +215,11 @@ def main(argv: list[str] | None = None) -> int:
         logger.info("target answered %d prompts in %.0f s", len(answers), time.time() - t)
         if args.answers_cache:
             args.answers_cache.write_text(json.dumps(answers))
-    heads = [(path, d) for path, d in zip(args.draft, drafts) if hasattr(d, "for_target")]
+    heads = [(path, d) for path, d in zip(args.draft, drafts) if isinstance(d, FeatureHead)]
     head_counts = heads_agreement_by_category([d for _, d in heads], target, answers) if heads else []
     reports = []
     for path, draft in zip(args.draft, drafts):
-        if hasattr(draft, "for_target"):
+        if isinstance(draft, FeatureHead):
             report = head_report(str(path), head_counts[[p for p, _ in heads].index(path)], answers,
                                  args.max_new_tokens)
         else:
@@ -237,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     for q in args.query_tokens:
         t_ms = forward_ms(target, args.prefix, q, args.reps, vocab)
         for report, draft in zip(reports, drafts):
-            d_ms = (head_layer_ms(draft, target, args.prefix, q, args.reps) if hasattr(draft, "for_target")
+            d_ms = (head_layer_ms(draft, target, args.prefix, q, args.reps) if isinstance(draft, FeatureHead)
                     else forward_ms(draft, args.prefix, q, args.reps, vocab))
             report["latency_ms"][str(q)] = {"target": round(t_ms, 2), "draft": round(d_ms, 2),
                                             "ratio": round(d_ms / t_ms, 4)}

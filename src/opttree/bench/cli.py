@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from ..config import STRATEGIES, VERIFIERS
+from ..drafters.make import is_draft_model
 from .methods import HF_METHODS, METHODS, parse_tree_spec
 from .questions import CATEGORIES, QUICK_QUESTIONS, SPEC_BENCH_URL, TASKS, load_questions, select_questions
 
@@ -152,11 +153,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m opttree.bench") -
     if args.mix_lookup is not None and draft is not None:
         from ..drafters import MixedDrafter
 
-        if assistant is None and hasattr(draft, "generation_config"):
+        if assistant is None and is_draft_model(draft):
             assistant = draft
         draft = MixedDrafter(draft, weight=args.mix_lookup)
     uses_assistant = {"assisted", "assisted-wm"} & set(methods)
-    if uses_assistant and assistant is None and not hasattr(draft, "generation_config"):
+    if uses_assistant and assistant is None and not is_draft_model(draft):
         logger.warning("--draft is not an HF model: skipping assisted (give --assistant PATH)")
         methods = [m for m in methods if m not in uses_assistant]
     logger.info("models loaded in %.1f s; %d questions, methods %s", time.perf_counter() - t0, len(questions),

@@ -24,6 +24,7 @@ from transformers import StoppingCriteria, StoppingCriteriaList
 
 from ..fast_linear import weight_major
 from ..defaults import TREE_ARGS, given_settings, resolve
+from ..drafters.make import is_draft_model
 from ..integration import speculative_generate
 from ..stats import GenerationStats
 
@@ -173,7 +174,7 @@ def make_methods(names, target, draft, *, tree: dict | None = None, extra_trees:
     ``assistant``: the HF model for ``assisted`` (default: ``draft``, when it is an HF model; an
     EAGLE-style feature head is not one)."""
     tree = dict(tree or {})
-    if assistant is None and hasattr(draft, "generation_config"):
+    if assistant is None and is_draft_model(draft):
         assistant = draft
     methods: list[Method] = []
     for name in names:

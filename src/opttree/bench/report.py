@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from ..drafters.mixed import MixedDrafter
 from .plots import write_plots
 from .records import ALL, REFERENCE, Summary, TurnRecord, summarise
 
@@ -40,7 +41,7 @@ def _cpu_name() -> str:
 def _model_info(model) -> dict | None:
     if model is None:
         return None
-    inner = getattr(model, "model_drafter", None)  # a MixedDrafter: describe the model it mixes in
+    inner = model.model_drafter if isinstance(model, MixedDrafter) else None  # describe the model it mixes in
     if inner is not None and not isinstance(inner, str):
         return dict(_model_info(inner), **{"class": f"{type(model).__name__}({type(inner).__name__})"})
     config = getattr(model, "config", None)
