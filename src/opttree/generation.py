@@ -109,6 +109,56 @@ def draft_trees(clock: DraftClock, rows: list[Row], caps: list[int], plans: list
     return run_in_lockstep([task(b) for b in range(len(rows))], answer_all)
 
 
+def prefill(target, input_ids: torch.Tensor, mask: torch.Tensor, cache, slots: Slots, drafters: DrafterRows,
+            rows: list[Row]) -> None:
+    """The target's forward over every prompt column but the last, positions as generate()'s; a
+    drafter that wants the target's features gets those of every row's tokens (padding excluded)."""
+    extra = {}
+    if slots.valid is not None:  # padding or several rows: each row's positions count its own tokens
+        positions = (mask.long().cumsum(-1) - 1).masked_fill(~mask, 0)
+        extra = dict(attention_mask=mask[:, :-1].long(), position_ids=positions[:, :-1])
+    out = target(input_ids=input_ids[:, :-1], past_key_values=cache, use_cache=True, logits_to_keep=1,
+                 output_hidden_states=drafters.wants_hidden_states, **extra)
+    if drafters.wants_hidden_states:
+        drafters.add_features([drafters.features_from(b, row_hidden(out.hidden_states, b))[row.pad:]
+                               for b, row in enumerate(rows)])
+
+
+def walker(config: TreeConfig, logits_processor, do_sample: bool, want_rows: bool, generator):
+    """walk(row, built, tree, logits [n + 1, vocab]) -> the row's Acceptance: the target's own token
+    at the root and at each accepted node. Greedy without processors: every node at once, one read."""
+    pick = sampled_choice if do_sample else greedy_choice
+    fast = not do_sample and len(logits_processor or []) == 0
+
+    def walk(row: Row, built: BuiltTree, tree: DraftTree, logits: torch.Tensor) -> Acceptance:
+        if fast:
+            acceptance = greedy_walk(tree, logits, built.pool_ids, built.depth_bound)
+            return with_rows(acceptance, logits) if want_rows else acceptance
+        choose, process = node_choice(row.sequence, logits_processor, pick, generator)
+        return verify(built, tree, logits, choose, config, process=process if do_sample else None, generator=generator)
+
+    return walk
+
+
+def step_stats(built: BuiltTree, tree: DraftTree, acceptance: Acceptance, emitted: int, forwards: int,
+               draft_seconds: float, verify_seconds: float, root_seconds: float, layers) -> StepStats:
+    """One row's figures for one step."""
+    return StepStats(
+        tree_size=len(tree),
+        tree_depth=acceptance.tree_depth if acceptance.tree_depth is not None else tree_depth(tree),
+        expected_length=built.expected_length if built.expected_length is not None else tree.expected_length,
+        accepted=acceptance.accepted,
+        emitted=emitted,
+        draft_forwards=forwards,
+        draft_seconds=draft_seconds,
+        verify_seconds=verify_seconds,
+        tree=tree,
+        accepted_nodes=list(acceptance.nodes),
+        root_seconds=root_seconds,
+        layers=layers,
+    )
+
+
 def speculative_decode(
     target,
     drafter: Drafter | DrafterRows,
@@ -143,8 +193,6 @@ def speculative_decode(
         raise ValueError("streamers take one sequence (generate()'s rule): stream one prompt per generate() call")
     drafters = drafter.rows(count) if isinstance(drafter, Drafter) else drafter
     new_policy = new_policy or (lambda: FixedPolicy(config))
-    pick = sampled_choice if do_sample else greedy_choice
-    fast_walk = not do_sample and len(logits_processor or []) == 0  # argmax over every node at once
     stop = StopRule.of(stopping_criteria)
     want_rows = output_scores or output_logits or stop.needs_scores
     padded = attention_mask is not None and not bool(attention_mask.bool().all())
@@ -154,23 +202,15 @@ def speculative_decode(
     for row in rows:
         row.stats.prompt_tokens = len(row.tokens)
     timed = any(not isinstance(row.policy, FixedPolicy) for row in rows)  # "auto" learns from device times
-    wants_hidden = drafters.wants_hidden_states
+    wants_hidden = drafters.wants_hidden_states  # the drafter reads the target's features
+    walk = walker(config, logits_processor, do_sample, want_rows, generator)
     batch_steps: list[StepStats] = []
 
-    # 0. prefill the target with all prompt columns but the last (every row's root), positions as
-    #    generate()'s; a drafter that wants the target's features gets those of every committed token
+    # 0. prefill the target with all prompt columns but the last (every row's root)
     mask = attention_mask.bool() if attention_mask is not None else torch.ones_like(input_ids, dtype=torch.bool)
     slots = Slots(input_ids.shape[1] - 1, None if count == 1 and not padded else mask[:, :-1].clone())
     if input_ids.shape[1] > 1:
-        extra = {}
-        if slots.valid is not None:
-            positions = (mask.long().cumsum(-1) - 1).masked_fill(~mask, 0)
-            extra = dict(attention_mask=mask[:, :-1].long(), position_ids=positions[:, :-1])
-        out = target(input_ids=input_ids[:, :-1], past_key_values=cache, use_cache=True, logits_to_keep=1,
-                     output_hidden_states=wants_hidden, **extra)
-        if wants_hidden:
-            drafters.add_features([drafters.features_from(b, row_hidden(out.hidden_states, b))[row.pad:]
-                                   for b, row in enumerate(rows)])
+        prefill(target, input_ids, mask, cache, slots, drafters, rows)
 
     while rows:
         # 1. draft every row's tree (not deeper than its tokens still allowed and the context)
@@ -191,18 +231,8 @@ def speculative_decode(
         logits = logits.to(roots.device)  # [R, q, vocab], where generate() keeps ids
 
         # 3. walk each row's tree: the target's own token at the root and at each accepted node
-        acceptances: list[Acceptance] = []
-        for b, (row, built, tree) in enumerate(zip(rows, builts, trees)):
-            row_logits = logits[b, :len(tree) + 1]  # [n_b + 1, vocab]
-            if fast_walk:
-                acceptance = greedy_walk(tree, row_logits, built.pool_ids, built.depth_bound)
-                if want_rows:
-                    with_rows(acceptance, row_logits)
-            else:
-                choose, process = node_choice(row.sequence, logits_processor, pick, generator)
-                acceptance = verify(built, tree, row_logits, choose, config, process=process if do_sample else None,
-                                    generator=generator)
-            acceptances.append(acceptance)
+        acceptances = [walk(row, built, tree, logits[b, :len(tree) + 1])  # [n_b + 1, vocab] each
+                       for b, (row, built, tree) in enumerate(zip(rows, builts, trees))]
         t2 = time.perf_counter()
 
         # 4. keep only each row's root and accepted path in both caches
@@ -225,20 +255,8 @@ def speculative_decode(
             if output_logits:
                 row.logits.extend(acceptance.logits[:emitted])
             row.stats.new_tokens += emitted
-            row.stats.steps.append(StepStats(
-                tree_size=len(tree),
-                tree_depth=acceptance.tree_depth if acceptance.tree_depth is not None else tree_depth(tree),
-                expected_length=built.expected_length if built.expected_length is not None else tree.expected_length,
-                accepted=acceptance.accepted,
-                emitted=emitted,
-                draft_forwards=forwards,
-                draft_seconds=(t1 - t0) * share,
-                verify_seconds=(t2 - t1) * share,
-                tree=tree,
-                accepted_nodes=list(acceptance.nodes),
-                root_seconds=clock.root_seconds[b],
-                layers=clock.layers[b],
-            ))
+            row.stats.steps.append(step_stats(built, tree, acceptance, emitted, forwards, (t1 - t0) * share,
+                                              (t2 - t1) * share, clock.root_seconds[b], clock.layers[b]))
         if not pad_finished:
             finish_together(every_row)
         if streamer is not None:  # one row (checked above)
