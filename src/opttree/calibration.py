@@ -37,12 +37,14 @@ from .tree import DraftTree
 
 logger = logging.getLogger(__name__)
 
-VERIFY_SIZES = (0, 1, 2, 4, 8, 16, 32, 64)  # tree sizes timed at calibration
+# tree sizes timed at calibration: every size auto's trees usually have (0-8: on a CPU T(n) is not
+# linear there, e.g. a step at 3 or 5 nodes), then a geometric-ish ladder up to AUTO_MAX_NODES
+VERIFY_SIZES = (0, 1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48, 64)
 DRAFT_WIDTHS = (1, 2, 4, 8, 16, 32)  # layer widths timed at calibration
 CALIBRATION_PREFIX = 256  # committed tokens under the timed forwards (a chat prompt and some answer)
 MIN_CALIBRATION_PREFIX = 16  # a shorter context cannot be calibrated: "auto" is refused
 REPEATS = 5  # timed rounds per size (after one warm-up round); sizes interleaved within a round
-CALIBRATION_VERSION = 3  # bump when what is measured changes: old files are then ignored
+CALIBRATION_VERSION = 4  # bump when what is measured changes: old files are then ignored
 
 _PAIRS: dict[str, LatencyModel] = {}  # key digest -> the process's (refreshed) model of that pair
 _pairs_lock = threading.Lock()  # guards _PAIRS; held for a dict read or write only

@@ -6,8 +6,12 @@ threshold δ open. On a GPU verifying 60 nodes costs about one token; on a CPU i
 
     speed(m) = (E_m + 1) / (T(m) + D)
 
-E_m  = the sum of the m largest p̂ of the drafted pool (the top-m nodes by p̂ form a valid tree for
-       every m; +1 is the bonus token),
+E_m  = the expected number of accepted nodes among the m most probable: the sum of their
+       CALIBRATED p̂, r(p̂), over the top-m nodes by p̂ (they form a valid tree for every m; +1 is
+       the bonus token). r is the pair's :class:`~opttree.reliability.ReliabilityMap`, learnt from
+       every verified tree (how often nodes of a given p̂ were really accepted); it starts as the
+       identity (E_m = Σp̂, OPT-Tree's E(A)) and is non-decreasing in p̂, so ranking by p̂ and by
+       r(p̂) agree and an over-confident draft gets smaller trees,
 T(m) = the target's latency to verify the root and m nodes (measured; plus the rest of a step:
        cache surgery, commit),
 D    = the drafting time of the step so far (measured: the catch-up forward, the layers actually
@@ -16,15 +20,18 @@ D    = the drafting time of the step so far (measured: the catch-up forward, the
 *Budget*: verify the m that maximises speed(m), m = 0 (the root alone, as plain decoding) included.
 *Depth* (the paper's open δ): before each draft forward the policy compares the best speed now with
 the best speed after one more layer of w nodes, its cost c(w) (one ``drafter.expand`` over w nodes,
-measured) added to D and its p̂ guessed from the last layer (:func:`next_layer_guess`); it stops when
-the layer would not pay, i.e. when the layer's E(A) gain per second of drafting falls below the
-current rate. *Width*: a layer never expands more than about twice the recent verified tree size
-(:func:`layer_width`), so a step never pays for 64-wide layers it then prunes.
+measured) added to D and its p̂ guessed from the last layer (:func:`next_layer_guess`, calibrated
+like the drafted ones); it stops when the layer would not pay, i.e. when the layer's expected gain
+per second of drafting falls below the current rate. *Width*: a layer never expands more than about
+twice the recent verified tree size (:func:`layer_width`), so a step never pays for 64-wide layers
+it then prunes.
 
-The :class:`LatencyModel` holds T(n), c(w) and the rest of a step, measured by
+The :class:`LatencyModel` holds T(n), c(w), the rest of a step and the reliability map, measured by
 :mod:`opttree.calibration` and refreshed from every step (T(n) as scale × table + offset, by
-exponentially weighted least squares; c(w) by a scale; the rest of a step by an average). Its
-refresh runs under the model's own lock: decodes in several threads share one model per pair.
+exponentially weighted least squares; c(w) by a scale; the rest of a step by an average; the map
+from the verified tree and its accepted nodes). Its refresh runs under the model's own lock:
+decodes in several threads share one model per pair. T(1 … m) + the rest of a step is a slice of
+a tensor cached until those numbers change.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ import torch
 
 from .config import TreeConfig
 from .plan import LayerState, StepPlan
+from .reliability import ReliabilityMap
 
 AUTO_MAX_NODES = 64  # the largest tree "auto" will ever verify (the pool budget)
 REFRESH = 0.1  # weight of each new step in the online latency averages
@@ -115,15 +123,26 @@ class LatencyModel:
     # running mean of the verified tree sizes per tree setting (sets the width cap); see AutoPolicy
     mean_sizes: dict = dataclasses.field(default_factory=dict)
     overhead: float = 0.0  # the rest of a step (cache surgery, commit, stopping criteria), learnt
+    # p̂ -> P(accepted), learnt from the verified trees (AutoPolicy.observe); kept per pair, not on disk
+    reliability: ReliabilityMap = dataclasses.field(default_factory=ReliabilityMap, repr=False, compare=False)
     # held by every refresh: concurrent decodes of one pair share this object (opttree.calibration)
     lock: threading.RLock = dataclasses.field(default_factory=threading.RLock, repr=False, compare=False)
+    # (verify table, scale, offset, overhead) -> [>= AUTO_MAX_NODES] T(1 …) + overhead; see step_times
+    _times: tuple | None = dataclasses.field(default=None, init=False, repr=False, compare=False)
 
     def verify_time(self, n: float) -> float:
         return max(self.verify.at(n) * self.verify_scale + self.verify_offset, 0.0)
 
     def step_times(self, m: int) -> torch.Tensor:
-        """[m] float64: T(1) … T(m), each plus the rest of a step (overhead)."""
-        return torch.tensor([self.verify_time(k) + self.overhead for k in range(1, m + 1)], dtype=torch.float64)
+        """[m] float64: T(1) … T(m), each plus the rest of a step (overhead). A slice of a cached
+        tensor, rebuilt only when the numbers it is made of change (a refresh, or a test setting them)."""
+        key = (self.verify_scale, self.verify_offset, self.overhead)
+        cached = self._times  # one read: a concurrent rebuild replaces it whole
+        if cached is None or cached[0] is not self.verify or cached[1] != key or len(cached[2]) < m:
+            n = max(m, AUTO_MAX_NODES)
+            times = torch.tensor([self.verify_time(k) + self.overhead for k in range(1, n + 1)], dtype=torch.float64)
+            cached = self._times = (self.verify, key, times)
+        return cached[2][:m]
 
     def layer_time(self, width: int) -> float:
         """c(w): one draft forward expanding ``width`` nodes (0 while unmeasured)."""
@@ -166,17 +185,18 @@ def expected_speed(path_probs: torch.Tensor, latency: LatencyModel, draft_second
                    cap: int | None = None) -> torch.Tensor:
     """speed(m) for m = 1 … min(len, cap): (E_m + 1) / (T(m) + D).
 
-    path_probs: [k] float, any order (the m largest are summed).
+    path_probs: [k] float, any order (the m largest are taken; E_m sums their calibrated values).
     returns:    [min(k, cap)] float64, entry m - 1 is speed(m).
     """
-    ranked = torch.sort(path_probs.double().cpu(), descending=True).values[:cap]
-    gain = torch.cumsum(ranked, 0) + 1.0  # [k]
+    ranked = torch.sort(path_probs.double().cpu(), descending=True).values[:cap]  # chosen by p̂
+    gain = torch.cumsum(latency.reliability.apply(ranked), 0) + 1.0  # [k]: E_m + 1, E_m calibrated
     return gain / (latency.step_times(len(ranked)) + draft_seconds)
 
 
 def best_choice(path_probs: torch.Tensor, latency: LatencyModel, draft_seconds: float,
                 cap: int | None = None) -> tuple[int, float]:
-    """(m, speed(m)) for the m in 0 … min(len, cap) that maximises speed(m). m = 0 verifies the
+    """(m, speed(m)) for the m in 0 … min(len, cap) that maximises speed(m) (E_m calibrated by the
+    latency model's reliability map, see :func:`expected_speed`). m = 0 verifies the
     root alone, speed(0) = 1 / (T(0) + D): where verifying even one node costs more than its E(A)
     is worth (a weak draft on a CPU), a step falls back to what plain decoding does."""
     alone = 1.0 / (latency.verify_time(0) + latency.overhead + draft_seconds)
@@ -216,7 +236,8 @@ def next_layer_guess(state: LayerState, cap: int | None = None) -> torch.Tensor:
 
 def layer_pays(state: LayerState, latency: LatencyModel, draft_seconds: float, cap: int | None = None) -> bool:
     """Draft one more layer? Yes if the best expected speed with it (its p̂ guessed by
-    :func:`next_layer_guess`, its cost c(w) added to the drafting time) beats the best speed now;
+    :func:`next_layer_guess` and calibrated with the drafted ones in :func:`best_choice`, its cost
+    c(w) added to the drafting time) beats the best speed now;
     in OPT-Tree's terms, while the layer's E(A) gain per second of drafting beats the current rate."""
     if len(state.path_probs) == 0 or state.next_width < 1:
         return False
@@ -274,6 +295,10 @@ class AutoPolicy:
         with self.latency.lock:
             self.latency.overhead += REFRESH * (max(rest, 0.0) - self.latency.overhead)
             self.latency.observe(step)
+            if step.tree is not None and step.accepted_nodes is not None and len(step.tree) > 0:
+                accepted = torch.zeros(len(step.tree), dtype=torch.bool)
+                accepted[step.accepted_nodes] = True
+                self.latency.reliability.update(step.tree.path_probs, accepted)
             if step.tree_size > 0:
                 self.mean_size += SIZE_REFRESH * (step.tree_size - self.mean_size)
                 self.latency.mean_sizes[self.setting] = self.mean_size
