@@ -14,6 +14,7 @@ from opttree.distill.head import grown, new_head, save_head
 from opttree.distill.head_train import (HeadTrainConfig, chunks, make_batch, pick_layers, train_head,
                                         unrolled)
 from opttree.drafters.feature_head import HeadConfig
+from test_feature_head import randomised
 from opttree.tree import DraftTree
 
 LAYERS = (1, 2, -1)  # a 3-layer tiny target has hidden states 0..3
@@ -26,14 +27,6 @@ def texts(n=12, length=40, seed=0):
 
 def target3():
     return peaked(tiny_model("llama", seed=0, layers=3), scale=30.0)
-
-
-def randomised(head, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in head.named_parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * (0.3 if p.dim() > 1 else 0.1) + (1.0 if "norm" in name else 0.0))
-    return head
 
 
 def test_config_needs_the_last_hidden_state_last():
