@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 from opttree.drafters.feature_head import FeatureHead
+from opttree.hf_compat import with_cache
 
 logger = logging.getLogger("draft_agreement")
 
@@ -165,10 +166,10 @@ def forward_ms(model, prefix_len: int, query: int, reps: int, vocab: int) -> flo
     times = []
     for _ in range(reps + 3):
         cache = DynamicCache()
-        model(input_ids=prefix, past_key_values=cache, use_cache=True)
+        model(input_ids=prefix, **with_cache(model, cache), use_cache=True)
         pos = torch.arange(prefix_len, prefix_len + query)
         t = time.perf_counter()
-        model(input_ids=tokens, position_ids=pos[None], cache_position=pos, past_key_values=cache,
+        model(input_ids=tokens, position_ids=pos[None], cache_position=pos, **with_cache(model, cache),
               use_cache=True)
         times.append(1000 * (time.perf_counter() - t))
     return statistics.median(times[3:])

@@ -10,6 +10,7 @@ from transformers import DynamicCache
 from models import VOCAB, peaked, tiny_model
 from opttree import speculative_generate
 from opttree.drafters import MixedDrafter, ModelDrafter
+from opttree.hf_compat import with_cache
 from opttree.masks import verification_inputs
 from test_masks import path_logits, random_tree
 
@@ -34,11 +35,11 @@ def tolerance(dtype, logits: torch.Tensor) -> float:
 def tree_logits(model, prefix, tree, bool_mask=False):
     """The verification forward's logits [n + 1, vocab] float32 (optionally with a bool mask)."""
     cache = DynamicCache(config=model.config)
-    model(prefix[None, :-1], past_key_values=cache, use_cache=True)
+    model(prefix[None, :-1], **with_cache(model, cache), use_cache=True)
     inputs = verification_inputs(int(prefix[-1]), tree, len(prefix) - 1, model.dtype)
     if bool_mask:
         inputs.attention_mask = inputs.attention_mask == 0  # True where visible
-    return model(**inputs.as_kwargs(), past_key_values=cache, use_cache=True, logits_to_keep=0).logits[0].float()
+    return model(**inputs.as_kwargs(), **with_cache(model, cache), use_cache=True, logits_to_keep=0).logits[0].float()
 
 
 def max_path_error(model, prefix, tree, logits) -> float:

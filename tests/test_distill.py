@@ -21,6 +21,7 @@ from opttree.distill.cli import main  # noqa: E402
 from opttree.distill.data import DataConfig  # noqa: E402
 from opttree.distill.pipeline import PromptPlan, make_data  # noqa: E402
 from opttree.distill.train import TrainConfig, agreement, train_draft  # noqa: E402
+from opttree.hf_compat import with_cache  # noqa: E402
 
 SPECIALS = ["<pad>", "<eos>", "<user>", "<bot>"]
 CHAT = "{% for m in messages %}<user>{{ m['content'] }}{% endfor %}<bot>"
@@ -141,10 +142,10 @@ def test_draft_tree_logits_match_paths(tmp_path, target_and_tokenizer):
     parents = [-1, 0, 0, 1, 1, 2, 3]
     tokens = torch.randint(4, 200, (1, len(parents)))
     cache = DynamicCache()
-    draft(input_ids=prefix, past_key_values=cache, use_cache=True)
+    draft(input_ids=prefix, **with_cache(draft, cache), use_cache=True)
     mask, positions = tree_inputs(prefix.shape[1], parents, draft.dtype)
     out = draft(input_ids=tokens, attention_mask=mask, position_ids=positions,
-                cache_position=torch.arange(6, 6 + len(parents)), past_key_values=cache,
+                cache_position=torch.arange(6, 6 + len(parents)), **with_cache(draft, cache),
                 use_cache=True)
     assert out.logits.shape == (1, len(parents), target.config.vocab_size)
     for node in range(len(parents)):

@@ -16,6 +16,7 @@ from transformers import DynamicCache
 from models import peaked
 from opttree import speculative_generate
 from opttree.drafters import Drafter, ModelDrafter, PromptLookupDrafter
+from opttree.hf_compat import GENERATE_CACHE_NAME
 
 VOCAB = 512  # larger than the other tests' models, so a leaked [vocab] row per token is visible
 
@@ -85,7 +86,7 @@ def run_probed(target, draft, ids, max_new_tokens, every=100, **kw):
     cache = DynamicCache(config=target.config)
     probe = Probe(ModelDrafter(draft), cache, every)
     out = target.generate(ids, do_sample=False, custom_generate=speculative_generate, draft_model=probe,
-                          past_key_values=cache, max_new_tokens=max_new_tokens, nodes=4, threshold=0.5,
+                          **{GENERATE_CACHE_NAME: cache}, max_new_tokens=max_new_tokens, nodes=4, threshold=0.5,
                           max_depth=2, return_dict_in_generate=True, **kw)
     return out, probe
 

@@ -8,6 +8,7 @@ from transformers import DynamicCache
 from models import FAMILIES, peaked, tiny_model
 from opttree import TreeConfig, build_opt_tree
 from opttree.drafters import ModelDrafter
+from opttree.hf_compat import with_cache
 from opttree.masks import verification_inputs
 from opttree.tree import DraftTree
 
@@ -32,9 +33,9 @@ def test_verification_logits_equal_path_logits(family, attn):
     tree = random_tree(12, 90, seed=1)
     with torch.inference_mode():
         cache = DynamicCache(config=model.config)
-        model(prefix[None, :-1], past_key_values=cache, use_cache=True)
+        model(prefix[None, :-1], **with_cache(model, cache), use_cache=True)
         inputs = verification_inputs(int(prefix[-1]), tree, len(prefix) - 1, model.dtype)
-        logits = model(**inputs.as_kwargs(), past_key_values=cache, use_cache=True, logits_to_keep=0).logits[0]
+        logits = model(**inputs.as_kwargs(), **with_cache(model, cache), use_cache=True, logits_to_keep=0).logits[0]
         assert torch.allclose(logits[0], path_logits(model, prefix, []), atol=1e-4)
         for i in range(len(tree)):
             expected = path_logits(model, prefix, tree.tokens[tree.path_to(i)].tolist())

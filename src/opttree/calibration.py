@@ -30,6 +30,7 @@ import torch
 from . import fast_linear
 from .config import TreeConfig
 from .drafters.base import Drafter
+from .hf_compat import with_cache
 from .latency import AutoPolicy, LatencyModel, LatencyTable
 from .masks import verification_inputs
 from .plan import BudgetPolicy, FixedPolicy
@@ -192,7 +193,7 @@ def measure_verify(target, sizes=VERIFY_SIZES, prefix: int = CALIBRATION_PREFIX,
     with torch.inference_mode():
         cache = kv_cache.new_cache(target)
         ids = (torch.arange(prefix, dtype=torch.long) * 7 % vocab)[None, :].to(device)
-        target(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        target(input_ids=ids, **with_cache(target, cache), use_cache=True, logits_to_keep=1)
         inputs = {}
         for n in sizes:
             tree = DraftTree((torch.arange(n, dtype=torch.long) % vocab).to(device),
@@ -201,7 +202,7 @@ def measure_verify(target, sizes=VERIFY_SIZES, prefix: int = CALIBRATION_PREFIX,
         for round_ in range(repeats + 1):
             for n in sizes:
                 start = time.perf_counter()
-                target(**inputs[n], past_key_values=cache, use_cache=True, logits_to_keep=0)
+                target(**inputs[n], **with_cache(target, cache), use_cache=True, logits_to_keep=0)
                 _sync(device)
                 if round_ > 0:
                     times[n].append(time.perf_counter() - start)

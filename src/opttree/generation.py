@@ -25,6 +25,7 @@ from .builder import BuiltTree
 from .config import TreeConfig
 from .drafters.base import Drafter, DrafterRows
 from .drafters.clock import DraftClock
+from .hf_compat import with_cache
 from .lockstep import run_in_lockstep
 from .plan import BudgetPolicy, FixedPolicy, StepPlan
 from .rows import Row, Slots, batch_step, combined_stats, commit_tokens, finish_together, left_padding, \
@@ -49,7 +50,7 @@ class DecodeResult:
 def target_forward(target, inputs, cache, want_hidden: bool) -> tuple[torch.Tensor, tuple | None]:
     """One target forward over every row's root and tree -> (logits [R, q, vocab] float32, and the
     hidden states (each [R, q, H]) when a drafter wants the target's features)."""
-    out = target(**inputs.as_kwargs(), past_key_values=cache, use_cache=True, logits_to_keep=0,
+    out = target(**inputs.as_kwargs(), **with_cache(target, cache), use_cache=True, logits_to_keep=0,
                  output_hidden_states=want_hidden)
     return out.logits.float(), out.hidden_states if want_hidden else None
 
@@ -117,7 +118,7 @@ def prefill(target, input_ids: torch.Tensor, mask: torch.Tensor, cache, slots: S
     if slots.valid is not None:  # padding or several rows: each row's positions count its own tokens
         positions = (mask.long().cumsum(-1) - 1).masked_fill(~mask, 0)
         extra = dict(attention_mask=mask[:, :-1].long(), position_ids=positions[:, :-1])
-    out = target(input_ids=input_ids[:, :-1], past_key_values=cache, use_cache=True, logits_to_keep=1,
+    out = target(input_ids=input_ids[:, :-1], **with_cache(target, cache), use_cache=True, logits_to_keep=1,
                  output_hidden_states=drafters.wants_hidden_states, **extra)
     if drafters.wants_hidden_states:
         drafters.add_features([drafters.features_from(b, row_hidden(out.hidden_states, b))[row.pad:]

@@ -17,6 +17,7 @@ from .drafters import load_if_path, make_drafter
 from .drafters.make import is_draft_model
 from .fast_linear import weight_major
 from .generation import speculative_decode
+from .hf_compat import cache_from_generate, output_cache
 from .sampling import draft_to_probs
 from .stats import GenerationStats
 from .validation import check_generation_mode, check_inputs, check_pair, context_length
@@ -53,7 +54,7 @@ def _decode(model, draft_model, given: dict, input_ids, logits_processor, stoppi
     policy = budget.policy_maker(config, model, drafter, drafter.fresh)
     drafters = drafter.rows(input_ids.shape[0])
     max_length = stopping_criteria.max_length or generation_config.max_length
-    cache = model_kwargs.get("past_key_values")
+    cache = cache_from_generate(model_kwargs)
     if cache is None:
         cache = kv_cache.new_cache(model)
     room = cache_room(input_ids, max_length, max_context, config, policy().max_nodes)
@@ -80,7 +81,7 @@ def _decode(model, draft_model, given: dict, input_ids, logits_processor, stoppi
     if generation_config.return_dict_in_generate:  # a batch's cache has lost its finished rows: not returned
         return SpeculativeDecoderOnlyOutput(
             sequences=result.sequences, scores=result.scores, logits=result.logits,
-            past_key_values=cache if input_ids.shape[0] == 1 else None, stats=result.stats,
+            stats=result.stats, **output_cache(cache if input_ids.shape[0] == 1 else None),
         )
     return result.sequences
 

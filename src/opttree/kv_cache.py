@@ -12,6 +12,8 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
+from .hf_compat import GENERATE_CACHE_NAME
+
 
 def new_cache(model) -> DynamicCache:
     return DynamicCache(config=model.config)
@@ -23,10 +25,10 @@ def check_cache(cache, max_total_len: int) -> None:
     if type(cache) is not DynamicCache:
         raise NotImplementedError(
             f"opttree needs a DynamicCache to keep only the accepted tree path, got {type(cache).__name__}; "
-            "call generate() without cache_implementation= or past_key_values="
+            f"call generate() without cache_implementation= or {GENERATE_CACHE_NAME}="
         )
     if cache.get_seq_length() > 0:
-        raise NotImplementedError("opttree starts from an empty cache; do not pass a filled past_key_values")
+        raise NotImplementedError(f"opttree starts from an empty cache; do not pass a filled {GENERATE_CACHE_NAME}=")
     for layer in cache.layers:
         if type(layer) not in (DynamicLayer, DynamicSlidingWindowLayer):
             raise NotImplementedError(f"opttree cannot rewrite cache layers of type {type(layer).__name__}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from .. import kv_cache
+from ..hf_compat import with_cache
 from ..masks import batch_forward_inputs, row_visibility
 from ..rows import worth_compacting
 from .base import DrafterRows, ToProbs
@@ -53,7 +54,7 @@ class BatchModelDrafter(DrafterRows):
         past_len = kv_cache.cache_length(self.cache)
         visible = row_visibility(self.valid, tail_visible, past_len)
         inputs = batch_forward_inputs(tokens, positions, visible, past_len, self.model.dtype)
-        out = self.model(**inputs.as_kwargs(), past_key_values=self.cache, use_cache=True, logits_to_keep=0)
+        out = self.model(**inputs.as_kwargs(), **with_cache(self.model, self.cache), use_cache=True, logits_to_keep=0)
         self._forwards += 1
         return out.logits.float()
 

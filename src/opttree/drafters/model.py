@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from .. import kv_cache
+from ..hf_compat import with_cache
 from ..masks import tree_forward_inputs
 from ..tree import DraftTree
 from .base import Drafter, DrafterRows, ToProbs
@@ -63,7 +64,7 @@ class ModelDrafter(Drafter):
         return input_device(self.model)
 
     def _forward(self, **inputs) -> torch.Tensor:
-        out = self.model(**inputs, past_key_values=self.cache, use_cache=True)
+        out = self.model(**inputs, **with_cache(self.model, self.cache), use_cache=True)
         self.forwards += 1
         logits = out.logits[0]  # [q, vocab]
         return logits if logits.dtype == torch.float32 else logits.float()

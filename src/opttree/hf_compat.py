@@ -1,0 +1,61 @@
+"""The one place that knows how transformers names things that moved between its versions.
+
+transformers 5.24 renamed a model's cache argument and generate()'s cache from ``past_key_values``
+to ``cache`` (the old name still works there, with a FutureWarning on every forward). opttree calls
+models and reads generate()'s model kwargs only through this module, so it passes whichever name
+the installed transformers (and the model class: a remote-code model may keep the old name)
+declares, and no version check lives anywhere else.
+
+``Cache.crop`` takes a negative count since 5.23 (``kv_cache`` only ever passes one).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+
+import transformers
+from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+OLD_CACHE_NAME = "past_key_values"
+NEW_CACHE_NAME = "cache"
+
+#: generate()'s name for the cache in its model kwargs and in its output dataclasses.
+GENERATE_CACHE_NAME = (
+    NEW_CACHE_NAME
+    if NEW_CACHE_NAME in {field.name for field in dataclasses.fields(GenerateDecoderOnlyOutput)}
+    else OLD_CACHE_NAME
+)
+
+TRANSFORMERS_VERSION: str = transformers.__version__
+
+
+@functools.lru_cache(maxsize=None)
+def forward_cache_name(model_class: type) -> str:
+    """The keyword a model class's ``forward`` takes its cache under (its declared signature
+    decides; a forward that takes only ``**kwargs`` gets generate()'s name)."""
+    parameters = inspect.signature(model_class.forward).parameters
+    for name in (NEW_CACHE_NAME, OLD_CACHE_NAME):
+        if name in parameters:
+            return name
+    return GENERATE_CACHE_NAME
+
+
+def with_cache(model, cache) -> dict:
+    """``{name: cache}`` for ``model(**inputs, **with_cache(model, cache))``."""
+    return {forward_cache_name(type(model)): cache}
+
+
+def cache_from_generate(model_kwargs: dict):
+    """The cache a user handed to generate() (``past_key_values=`` or ``cache=``; generate()
+    itself keeps it under :data:`GENERATE_CACHE_NAME`), or None."""
+    for name in (GENERATE_CACHE_NAME, NEW_CACHE_NAME, OLD_CACHE_NAME):
+        if model_kwargs.get(name) is not None:
+            return model_kwargs[name]
+    return None
+
+
+def output_cache(cache) -> dict:
+    """``{name: cache}`` for generate()'s output dataclasses."""
+    return {GENERATE_CACHE_NAME: cache}
