@@ -14,9 +14,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import sys
 
 import transformers
-from transformers.generation.utils import GenerateDecoderOnlyOutput
+from transformers.generation.utils import GenerateDecoderOnlyOutput, GenerationMixin
 
 OLD_CACHE_NAME = "past_key_values"
 NEW_CACHE_NAME = "cache"
@@ -59,3 +60,29 @@ def cache_from_generate(model_kwargs: dict):
 def output_cache(cache) -> dict:
     """``{name: cache}`` for generate()'s output dataclasses."""
     return {GENERATE_CACHE_NAME: cache}
+
+
+@functools.lru_cache(maxsize=1)
+def _generate_code():
+    """The code object of GenerationMixin.generate's own body (under its decorators)."""
+    return inspect.unwrap(GenerationMixin.generate).__code__
+
+
+def streamer_kept_by_generate(max_depth: int = 4):
+    """The streamer generate() runs with, for a ``custom_generate=`` callable it called.
+
+    generate() puts the prompt into its ``streamer`` and then calls a custom_generate callable
+    WITHOUT it: transformers 5.x hands a callable only the arguments ``_sample()`` lacks, and
+    ``_sample()`` takes the streamer. So a callable that streams reads it from generate()'s frame
+    (read only; found by generate()'s own code object, a few frames up at most). None when the
+    caller is not generate() or it has no streamer.
+    """
+    frame = sys._getframe(1)
+    code = _generate_code()
+    for _ in range(max_depth):
+        frame = frame.f_back
+        if frame is None:
+            return None
+        if frame.f_code is code:
+            return frame.f_locals.get("streamer")
+    return None

@@ -17,7 +17,7 @@ from .drafters import load_if_path, make_drafter
 from .drafters.make import is_draft_model
 from .fast_linear import weight_major
 from .generation import speculative_decode
-from .hf_compat import cache_from_generate, output_cache
+from .hf_compat import cache_from_generate, output_cache, streamer_kept_by_generate
 from .sampling import draft_to_probs
 from .stats import GenerationStats
 from .validation import check_generation_mode, check_inputs, check_pair, context_length
@@ -32,8 +32,9 @@ class SpeculativeDecoderOnlyOutput(GenerateDecoderOnlyOutput):
 
 
 def _decode(model, draft_model, given: dict, input_ids, logits_processor, stopping_criteria,
-            generation_config, streamer, generator, model_kwargs):
-    """given: the tree arguments the user passed (defaults.py resolves the rest)."""
+            generation_config, streamer, generator, model_kwargs, prompt_streamed: bool = False):
+    """given: the tree arguments the user passed (defaults.py resolves the rest); prompt_streamed:
+    generate() has already put the prompt into ``streamer``."""
     if draft_model is None:
         raise ValueError("speculative generation needs draft_model=<a small causal LM with the target's vocabulary>")
     TreeConfig(**given)  # bad settings fail before anything is loaded
@@ -60,7 +61,7 @@ def _decode(model, draft_model, given: dict, input_ids, logits_processor, stoppi
     room = cache_room(input_ids, max_length, max_context, config, policy().max_nodes)
     for each in [cache, *drafters.caches()]:
         kv_cache.check_cache(each, room)
-    if streamer is not None:
+    if streamer is not None and not prompt_streamed:
         streamer.put(input_ids.cpu())
     pad = generation_config._pad_token_tensor
     with torch.inference_mode(), weight_major(model, draft_model):  # few-row fp32 CPU linears (fast_linear)
@@ -96,12 +97,6 @@ def cache_room(input_ids: torch.Tensor, max_length: int, max_context: int | None
     return input_ids.shape[1] + steps * (1 + min(max_nodes, config.max_depth)) + max_nodes
 
 
-def tree_config(**given) -> TreeConfig:
-    """A TreeConfig from the arguments a user passed (None = TreeConfig's default). generate() itself
-    resolves left-out ``nodes``/``threshold`` with :func:`opttree.defaults.resolve` ("auto" where it can)."""
-    return TreeConfig(**given_settings(**given))
-
-
 def speculative_generate(
     model,
     input_ids,
@@ -123,12 +118,15 @@ def speculative_generate(
     """Use as ``model.generate(**inputs, custom_generate=speculative_generate, draft_model=draft)``
     on any transformers causal LM; ``nodes``, ``threshold``, ``max_depth``, ``strategy``,
     ``verifier`` and ``static_tree`` are :class:`TreeConfig`'s; ``generator`` seeds sampling.
-    (generate() does not hand a ``streamer`` to a custom_generate callable: to stream, use
-    :func:`speculative` or :class:`SpeculativeGenerator`.)"""
+    generate()'s ``streamer=`` gets every new token and ``end()`` (generate() keeps the streamer
+    from a callable after putting the prompt in it: :func:`opttree.hf_compat.streamer_kept_by_generate`)."""
     given = given_settings(nodes=nodes, threshold=threshold, max_depth=max_depth, strategy=strategy,
                            verifier=verifier, static_tree=static_tree)
+    kept = streamer_kept_by_generate()
+    streamer = kept if streamer is None else streamer
     return _decode(model, draft_model, given, input_ids, logits_processor, stopping_criteria,
-                   generation_config, streamer, generator, model_kwargs)
+                   generation_config, streamer, generator, model_kwargs,
+                   prompt_streamed=kept is not None and kept is streamer)
 
 
 def _bound(draft_model, given: dict, streamer, generator):
@@ -143,27 +141,46 @@ def _bound(draft_model, given: dict, streamer, generator):
     return custom_generate
 
 
+def bind_call(draft_model, generator, kwargs: dict):
+    """generate()'s ``custom_generate=`` callable for a call with ``draft_model=``: takes opttree's
+    tree arguments and the streamer out of ``kwargs`` (in place) and checks them first."""
+    given = given_settings(**{k: kwargs.pop(k) for k in TREE_ARGS if k in kwargs})
+    if kwargs.get("assistant_model") is not None:
+        raise ValueError("draft_model= and assistant_model= are two speculative methods; pass one (opttree "
+                         "takes the assistant itself as draft_model=)")
+    TreeConfig(**given)  # bad settings fail now, before generate() prepares anything
+    return _bound(draft_model, given, kwargs.pop("streamer", None), generator)
+
+
+def hub_generate(model, draft_model=None, generator=None, **arguments):
+    """The Hub convention's entry: ``model.generate(custom_generate=<a folder or Hub repo holding
+    custom_generate/generate.py>, trust_remote_code=True, draft_model=..., nodes=...)`` hands every
+    generate() argument to that file's ``generate(model, ...)``, which calls this. It runs stock
+    generate() (the model class's own) with opttree as its decoding method."""
+    if draft_model is None:
+        raise ValueError("opttree's custom_generate needs draft_model=<a small causal LM with the target's "
+                         "vocabulary, a draft folder, or 'prompt_lookup'>")
+    return type(model).generate(model, custom_generate=bind_call(draft_model, generator, arguments), **arguments)
+
+
 class SpeculativeGenerationMixin:
     """Adds ``draft_model=``, the :class:`TreeConfig` arguments and ``generator=`` to generate();
     without ``draft_model`` generate() is untouched."""
 
     def generate(self, *args, draft_model=None, generator=None, **kwargs):
-        given = given_settings(**{k: kwargs.pop(k) for k in TREE_ARGS if k in kwargs})
         if draft_model is None:
+            given = given_settings(**{k: kwargs[k] for k in TREE_ARGS if k in kwargs})
             if given or generator is not None:
                 raise ValueError(f"{sorted(given) or ['generator']} need draft_model=")
-            return super().generate(*args, **kwargs)
+            return super().generate(*args, **{k: v for k, v in kwargs.items() if k not in TREE_ARGS})
+        if isinstance(kwargs.get("custom_generate"), str):  # a Hub method (opttree's own folder, say) gets them all
+            extra = {} if generator is None else {"generator": generator}
+            return super().generate(*args, draft_model=draft_model, **extra, **kwargs)
         custom = kwargs.pop("custom_generate", None)
         if custom is not None and custom is not speculative_generate:
             raise ValueError("draft_model= runs opttree through generate()'s custom_generate hook; pass "
                              "draft_model= or custom_generate=, not both")
-        if kwargs.get("assistant_model") is not None:
-            raise ValueError("draft_model= and assistant_model= are two speculative methods; pass one (opttree "
-                             "takes the assistant itself as draft_model=)")
-        TreeConfig(**given)  # bad settings fail now, before generate() prepares anything
-        streamer = kwargs.pop("streamer", None)
-        bound = _bound(draft_model, given, streamer, generator)
-        return super().generate(*args, custom_generate=bound, **kwargs)
+        return super().generate(*args, custom_generate=bind_call(draft_model, generator, kwargs), **kwargs)
 
     def __reduce_ex__(self, protocol):
         """Pickling (torch.save, multiprocessing) keeps the speculative class: it is rebuilt from the
@@ -236,10 +253,17 @@ class SpeculativeGenerator:
         self.last_stats: GenerationStats | None = None
 
     def generate(self, inputs=None, generator: torch.Generator | None = None, **kwargs):
+        """generate()'s arguments; tree arguments given here (``nodes=``, ``threshold=``, ...) override
+        the constructor's for this call."""
+        settings = {**self.settings, **given_settings(**{k: kwargs.pop(k) for k in TREE_ARGS if k in kwargs})}
+        TreeConfig(**settings)  # bad settings fail before generate() prepares anything
+        if kwargs.get("draft_model") is not None or kwargs.get("custom_generate") is not None:
+            raise ValueError("this SpeculativeGenerator already has its draft; pass draft_model= to its constructor, "
+                             "or call the target's own generate() with draft_model=/custom_generate=")
         streamer = kwargs.pop("streamer", None)
         want_dict = kwargs.pop("return_dict_in_generate", False)
         out = self.target.generate(
-            inputs, custom_generate=_bound(self.draft, self.settings, streamer, generator or self.generator),
+            inputs, custom_generate=_bound(self.draft, settings, streamer, generator or self.generator),
             return_dict_in_generate=True, **kwargs,
         )
         self.last_stats = out.stats
