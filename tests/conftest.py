@@ -10,6 +10,30 @@ sys.path.insert(0, os.path.dirname(__file__))
 torch.set_num_threads(1)
 
 
+def _versions() -> str:
+    import platform
+
+    import transformers
+
+    cpu, flags = platform.processor() or "unknown CPU", ""
+    try:
+        info = open("/proc/cpuinfo").read()
+        cpu = next(line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name"))
+        flags = "AMX" if "amx_bf16" in info else "no AMX"
+    except (OSError, StopIteration):
+        pass
+    return f"transformers {transformers.__version__}, torch {torch.__version__}, {cpu} ({flags})"
+
+
+def pytest_report_header(config):
+    return f"opttree suite on {_versions()}"
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if exitstatus != 0:  # a failure names the versions it ran on (a new transformers, say)
+        terminalreporter.write_line(f"these failures ran on {_versions()}")
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return
