@@ -361,3 +361,27 @@ def test_the_shipped_drafts_load_without_unpickling(folder, monkeypatch):
     target = tf.AutoModelForCausalLM.from_config(config).eval()
     draft = load_draft(SHIPPED / folder, target)
     assert draft is not None
+
+
+WEIGHT_JUNK = {
+    "not safetensors": lambda folder: (folder / "model.safetensors").write_bytes(b"\x00" * 64),
+    "no weights": lambda folder: (folder / "model.safetensors").unlink(),
+    "other shapes": lambda folder: (folder / "opttree_draft.json").write_text(
+        (folder / "opttree_draft.json").read_text().replace('"num_heads": 4', '"num_heads": 2')),
+}
+
+
+@pytest.mark.parametrize("case", list(WEIGHT_JUNK))
+@pytest.mark.parametrize("kind", ["draft", "head"])
+def test_weights_that_do_not_fit_name_the_weights_file(kind, case, saved_folders, tmp_path):
+    import shutil
+
+    folder = shutil.copytree(saved_folders[kind], tmp_path / kind)
+    if case == "other shapes" and kind == "draft":  # a draft's shapes are in its config.json
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**config, "intermediate_size": 48}))
+    else:
+        WEIGHT_JUNK[case](folder)
+    with pytest.raises(ValueError, match="model.safetensors") as error:
+        load_draft(folder, tiny_model("llama", seed=0))
+    assert "opttree distill" in str(error.value)
