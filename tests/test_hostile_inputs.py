@@ -87,6 +87,12 @@ def one_second(part, value):
     return with_latency(change)
 
 
+def size_at(index, value):
+    def change(latency):
+        latency["verify"]["sizes"][index] = value
+    return with_latency(change)
+
+
 def duplicate_size(latency):
     latency["verify"]["sizes"][2] = latency["verify"]["sizes"][1]
 
@@ -112,9 +118,9 @@ CORRUPT = {
     "string seconds": one_second("verify", "0.01"),
     "duplicate sizes": with_latency(duplicate_size),
     "unsorted sizes": with_latency(unsorted_sizes),
-    "negative size": with_latency(lambda latency: latency["verify"]["sizes"].__setitem__(0, -4)),
-    "huge size": with_latency(lambda latency: latency["verify"]["sizes"].__setitem__(-1, 10 ** 400)),
-    "boolean size": with_latency(lambda latency: latency["verify"]["sizes"].__setitem__(1, True)),
+    "negative size": size_at(0, -4),
+    "huge size": size_at(-1, 10 ** 400),
+    "boolean size": size_at(1, True),
     "NaN seconds": one_second("verify", float("nan")),
     "infinite seconds": one_second("verify", float("inf")),
     "zero seconds": scaled("verify", 0.0),
@@ -164,11 +170,17 @@ def test_a_missing_calibration_file_is_measured_without_a_warning(calibration_di
     assert not caplog.records
 
 
-@pytest.mark.parametrize("data", [None, [], "x", {"verify": None}, {"verify": {"sizes": [0], "seconds": [1e300]}},
-                                  {"verify": {"sizes": [0, 0], "seconds": [1.0, 1.0]}}])
-def test_from_json_refuses_what_it_cannot_use_with_a_value_error(data):
-    with pytest.raises(ValueError):
+@pytest.mark.parametrize("data,what", [
+    (None, "object"), ([], "object"), ("x", "object"), ({"verify": None}, "verify"),
+    ({"verify": {"sizes": [0], "seconds": [1e300]}, "layer": None, "root_seconds": 0.0}, "seconds"),
+    ({"verify": {"sizes": [0, 0], "seconds": [0.1, 0.1]}, "layer": None, "root_seconds": 0.0}, "increasing"),
+    ({"verify": {"sizes": [0, 1], "seconds": [0.1, 0.1]}, "layer": None}, "root_seconds"),
+])
+def test_from_json_refuses_what_it_cannot_use_with_a_value_error(data, what):
+    with pytest.raises(ValueError, match=what):
         calibration.from_json(data)
+    good = {"verify": {"sizes": [0, 1], "seconds": [0.1, 0.2]}, "layer": None, "root_seconds": 0.0}
+    assert calibration.from_json(good).verify.at(1) == 0.2
 
 
 # ---------------------------------------------------------------------------------------------
@@ -204,6 +216,8 @@ def test_a_node_budget_past_the_limit_is_refused_before_anything_runs():
     target, draft = pair()
     with pytest.raises(ValueError, match="at most 1024"):
         default_generate(target, draft, nodes=10 ** 6)
+    ref = target.generate(prompt(), max_new_tokens=12, do_sample=False)
+    assert torch.equal(default_generate(target, draft, nodes=limit, threshold=0.0), ref)  # the limit runs
 
 
 # ---------------------------------------------------------------------------------------------
