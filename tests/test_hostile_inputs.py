@@ -33,7 +33,7 @@ def pair():
 
 
 def default_generate(target, draft, **kw):
-    """generate() with the tree size left to opttree: nodes="auto", threshold="auto" on one prompt."""
+    """generate() with ``draft``; without nodes/threshold in ``kw`` opttree picks them ("auto": calibrated)."""
     return target.generate(prompt(), max_new_tokens=12, do_sample=False, custom_generate=speculative_generate,
                            draft_model=draft, **kw)
 
