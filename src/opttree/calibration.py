@@ -10,7 +10,9 @@ measure the same pair twice).
 Measurements are cached on disk per (target, drafter, device, dtype, torch threads) as JSON under
 ``$OPTTREE_CALIBRATION_DIR`` (default ``$OPTTREE_CACHE/calibration``, i.e.
 ``~/.cache/opttree/calibration``); ``OPTTREE_CALIBRATION=off`` neither reads nor writes it,
-``OPTTREE_CALIBRATION=refresh`` measures again and overwrites it.
+``OPTTREE_CALIBRATION=refresh`` measures again and overwrites it. A file that cannot be used (not
+JSON, or times no measurement gives: :mod:`opttree.calibration_file`) is named in a warning,
+measured again and rewritten.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import Callable
 import torch
 
 from . import fast_linear
+from .calibration_file import parse_document, parse_latency
 from .config import TreeConfig
 from .drafters.base import Drafter
 from .hf_compat import with_cache
@@ -141,34 +144,52 @@ def to_json(latency: LatencyModel) -> dict:
 
 
 def from_json(data: dict) -> LatencyModel:
-    def table(d):
-        return None if d is None else LatencyTable(tuple(d["sizes"]), tuple(float(s) for s in d["seconds"]))
-
-    return LatencyModel(verify=table(data["verify"]), layer=table(data["layer"]), root_seconds=float(data["root_seconds"]))
+    """The LatencyModel of :func:`to_json`'s form; ValueError when it holds anything measuring
+    would not write (see :mod:`opttree.calibration_file`)."""
+    return parse_latency(data)
 
 
 def read_cached(key: dict, folder: Path) -> LatencyModel | None:
+    """The cached LatencyModel of ``key`` in ``folder``; None when there is none. A file that
+    cannot be read or used (not JSON, another key, unusable tables) is named in a warning and
+    gives None too: the caller measures again and rewrites it."""
     path = folder / f"{_digest(key)}.json"
     try:
-        data = json.loads(path.read_text())
-        if data.get("key") != json.loads(json.dumps(key)):  # a hash collision or a stale format
-            return None
-        return from_json(data["latency"])
-    except (OSError, ValueError, KeyError, TypeError):
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as error:
+        logger.warning("could not read the calibration cache %s (%s); measuring again", path, error)
+        return None
+    try:
+        return parse_document(text, json.loads(json.dumps(key)))  # the key as the file would hold it
+    except ValueError as error:
+        logger.warning("ignoring the calibration cache %s: %s; measuring again and rewriting it", path, error)
         return None
 
 
 def write_cached(key: dict, latency: LatencyModel, folder: Path) -> Path | None:
+    """Write ``latency`` as ``key``'s cache file in ``folder`` (through a temporary file, renamed:
+    a concurrent reader never sees half a file); None, with a warning, where that fails."""
     path = folder / f"{_digest(key)}.json"
+    tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
         tmp.write_text(json.dumps({"key": key, "latency": to_json(latency)}, indent=1))
-        tmp.replace(path)  # atomic: a concurrent reader never sees half a file
+        tmp.replace(path)
         return path
     except OSError as error:
+        _remove(tmp)
         logger.warning("could not write the calibration cache %s: %s", path, error)
         return None
+
+
+def _remove(path: Path) -> None:
+    """Delete ``path`` if it is there; a file that cannot be deleted is left."""
+    try:
+        path.unlink(missing_ok=True)
+    except OSError:
+        pass
 
 
 def _sync(device) -> None:

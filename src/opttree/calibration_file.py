@@ -1,0 +1,89 @@
+"""What a calibration cache file must hold, checked before any of it is used.
+
+A file under the calibration folder (:mod:`opttree.calibration`) is JSON that anything may have
+written, truncated or edited: ``{"key": <the calibration key>, "latency": {"verify": TABLE,
+"layer": TABLE or null, "root_seconds": S}}``, a TABLE being ``{"sizes": [...], "seconds": [...]}``.
+It is used only when it is what measuring writes: tables of strictly increasing integer sizes
+(0 … MAX_NODES for the target's verification, 1 … MAX_NODES for the draft's layer widths) with
+one time for each size, every time a finite number of seconds in [MIN_SECONDS, MAX_SECONDS] (the
+root's catch-up may be 0: not measured). Anything else raises ValueError saying what is wrong, so
+the caller measures again instead of running on times that would switch speculation off, build
+the largest trees, or fail in the middle of a decode.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+from .config import MAX_NODES
+from .latency import LatencyModel, LatencyTable
+
+MIN_SECONDS = 1e-9  # no measured forward is faster than a nanosecond (smaller times underflow the fit)
+MAX_SECONDS = 3600.0  # nor slower than an hour (larger ones overflow the fit's squares)
+
+
+def parse_document(text: str, key: dict) -> LatencyModel:
+    """The latency model a cache file's ``text`` holds for ``key`` (the key as JSON would give it
+    back); ValueError when it is not JSON, holds another key, or holds unusable tables."""
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError) as error:
+        raise ValueError(f"it is not valid JSON ({type(error).__name__})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"it holds a JSON {type(data).__name__}, not an object with 'key' and 'latency'")
+    if data.get("key") != key:
+        raise ValueError("it holds the calibration of another target, drafter or machine setting")
+    return parse_latency(data.get("latency"))
+
+
+def parse_latency(data) -> LatencyModel:
+    """A LatencyModel from its JSON form (see the module docstring); ValueError if unusable."""
+    if not isinstance(data, dict):
+        raise ValueError(f"'latency' must be an object, got {_kind(data)}")
+    if data.get("verify") is None:
+        raise ValueError("'latency' has no 'verify' table")
+    layer = data.get("layer")
+    return LatencyModel(verify=parse_table(data["verify"], "verify", smallest=0),
+                        layer=None if layer is None else parse_table(layer, "layer", smallest=1),
+                        root_seconds=parse_seconds(data.get("root_seconds"), "root_seconds", zero_ok=True))
+
+
+def parse_table(data, name: str, smallest: int) -> LatencyTable:
+    """A LatencyTable from ``{"sizes": [...], "seconds": [...]}``: strictly increasing integer
+    sizes in [smallest, MAX_NODES], one time in seconds for each."""
+    if not isinstance(data, dict) or not isinstance(data.get("sizes"), list) or not isinstance(data.get("seconds"), list):
+        raise ValueError(f"the {name!r} table must be an object with lists 'sizes' and 'seconds', got {_kind(data)}")
+    sizes, seconds = data["sizes"], data["seconds"]
+    if not sizes or len(sizes) != len(seconds):
+        raise ValueError(f"the {name!r} table must have as many seconds as sizes, at least one "
+                         f"(it has {len(sizes)} sizes and {len(seconds)} seconds)")
+    if not all(_is_int(n) and smallest <= n <= MAX_NODES for n in sizes):
+        raise ValueError(f"the {name!r} table's sizes must be integers from {smallest} to {MAX_NODES}")
+    if any(b <= a for a, b in zip(sizes, sizes[1:])):
+        raise ValueError(f"the {name!r} table's sizes must be strictly increasing, got {sizes}")
+    return LatencyTable(tuple(sizes), tuple(parse_seconds(t, f"{name} seconds") for t in seconds))
+
+
+def parse_seconds(value, name: str, zero_ok: bool = False) -> float:
+    """``value`` as seconds: a finite number in [MIN_SECONDS, MAX_SECONDS] (or 0 with ``zero_ok``)."""
+    if _is_number(value) and (MIN_SECONDS <= value <= MAX_SECONDS or (zero_ok and value == 0)):
+        return float(value)
+    low = "0 or " if zero_ok else ""
+    raise ValueError(f"{name} must be {low}a number of seconds from {MIN_SECONDS:g} to {MAX_SECONDS:g}, "
+                     f"got {value!r}")
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_number(x) -> bool:
+    return _is_int(x) or (isinstance(x, float) and math.isfinite(x))
+
+
+def _kind(value) -> str:
+    return "null" if value is None else f"a {type(value).__name__}"
+
+
+__all__ = ["MAX_SECONDS", "MIN_SECONDS", "parse_document", "parse_latency", "parse_seconds", "parse_table"]
