@@ -51,10 +51,10 @@ class Divergence:
     bound: float  # the largest gap a tie may have at this step (0 in an exact dtype)
 
     def describe(self) -> str:
-        if self.gap is None:
-            return f"new token {self.step}: plain {self.expected}, got {self.got} (a length difference)"
-        return (f"new token {self.step}: plain {self.expected}, got {self.got}, gap {self.gap:.3g} "
-                f"(tie bound {self.bound:.3g})")
+        text = f"new token {self.step}: plain {self.expected}, got {self.got}"
+        if self.expected is None or self.got is None:
+            return text + " (a length difference)"
+        return text if self.gap is None else text + f", gap {self.gap:.3g} (tie bound {self.bound:.3g})"
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,7 @@ class Verdict:
     def describe(self) -> str:
         parts = [f"tie at {t.describe()}" for t in self.ties]
         if self.mismatch is not None:
-            parts.append(f"MISMATCH at {self.mismatch.describe()}")
+            parts.append(f"{'then ' if self.ties else ''}at {self.mismatch.describe()}")
         return f"{self.outcome}" + (": " + "; ".join(parts) if parts else "")
 
 
@@ -107,12 +107,13 @@ def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def divergence_at(step: int, plain: Sequence[int], other: Sequence[int], scores: Sequence[torch.Tensor],
+def divergence_at(step: int, plain: Sequence[int], other: Sequence[int], scores: Sequence[torch.Tensor] | None,
                   dtype: torch.dtype, eps_multiple: float = TIE_EPS_MULTIPLE) -> Divergence:
-    """The divergence at ``step``, with plain's gap there (scores[step]: [vocab] plain's scores)."""
+    """The divergence at ``step``, with plain's gap there (scores[step]: [vocab] plain's scores;
+    None: no gap)."""
     expected = plain[step] if step < len(plain) else None
     got = other[step] if step < len(other) else None
-    if expected is None or got is None:
+    if expected is None or got is None or scores is None:
         return Divergence(step, expected, got, None, 0.0)
     row = scores[step].float()  # [vocab]
     gap = float(row[expected] - row[got])
@@ -126,14 +127,15 @@ def is_tie(divergence: Divergence) -> bool:
     return divergence.gap is not None and divergence.gap <= divergence.bound
 
 
-def classify(plain: Sequence[int], other: Sequence[int], scores: Sequence[torch.Tensor], dtype: torch.dtype,
-             eps_multiple: float = TIE_EPS_MULTIPLE) -> Verdict:
+def classify(plain: Sequence[int], other: Sequence[int], scores: Sequence[torch.Tensor] | None,
+             dtype: torch.dtype, eps_multiple: float = TIE_EPS_MULTIPLE) -> Verdict:
     """The rule, on plain greedy's new tokens, the checked output's new tokens and plain's scores.
 
     scores: plain's per-step [vocab] rows (scores[t] is what plain took token t's argmax over:
     generate()'s ``scores`` with ``output_scores=True``; its ``logits`` where no logits processor
-    applies); dtype: the target's. A length difference with no token difference is a MISMATCH (the
-    two stopped at different places), so is any difference in an exact dtype."""
+    applies), or None where none were kept (then no divergence can be shown to be a tie);
+    dtype: the target's. A length difference with no token difference is a MISMATCH (the two
+    stopped at different places), so is any difference in an exact dtype."""
     step = first_divergence(plain, other)
     if step is None:
         return Verdict(Outcome.EQUAL)
