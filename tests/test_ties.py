@@ -98,6 +98,12 @@ def test_scores_that_prefer_the_other_token_are_not_plains():
         classify([0], [1], [scores_with({0: 0.5, 1: 0.6})], torch.bfloat16)
 
 
+def test_without_scores_no_divergence_is_a_tie():
+    verdict = classify([1, 2], [1, 3], None, torch.bfloat16)
+    assert verdict.outcome is Outcome.MISMATCH and verdict.mismatch.gap is None
+    assert verdict.describe() == "mismatch: at new token 1: plain 2, got 3"
+
+
 # -- opttree on tiny random models in half precision ------------------------------------------------
 
 def prompt(seed: int, length: int = 6) -> torch.Tensor:  # [1, length] long

@@ -26,7 +26,7 @@ from typing import Sequence
 import torch
 
 __all__ = ["Divergence", "Outcome", "PlainGreedy", "TIE_EPS_MULTIPLE", "Verdict", "check_greedy", "classify",
-           "first_divergence", "is_exact", "plain_greedy", "tie_bound"]
+           "first_divergence", "gap_in_ulps", "is_exact", "plain_greedy", "tie_bound"]
 
 TIE_EPS_MULTIPLE = 4.0  # a tie's gap is at most this many eps(dtype) at the largest |score|
 
@@ -199,7 +199,8 @@ def check_greedy(model, input_ids: torch.Tensor, tokens: Sequence[int], *, max_n
             if done < len(tokens):  # went on after its last allowed token
                 return Verdict(Outcome.MISMATCH, tuple(ties), Divergence(done, None, tokens[done], None, 0.0))
             return Verdict(Outcome.TIE, tuple(ties))
-        prefix = torch.cat([input_ids, torch.tensor([tokens[:done]], dtype=input_ids.dtype, device=input_ids.device)], 1)
+        agreed = torch.tensor([tokens[:done]], dtype=input_ids.dtype, device=input_ids.device)  # [1, done]
+        prefix = torch.cat([input_ids, agreed], 1)  # [1, T + done]
         plain = plain_greedy(model, prefix, max_new_tokens=max_new_tokens - done, **generate_kwargs)
 
 

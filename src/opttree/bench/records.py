@@ -39,7 +39,7 @@ class TurnRecord:
     matches_plain: bool | None = None  # the tokens equal plain's (None for the reference itself)
     first_mismatch: int | None = None  # index of the first new token that differs from plain's
     verdict: str | None = None  # "equal", "tie" or "mismatch" (opttree.ties.Outcome); None for the reference
-    ties: list[dict] = field(default_factory=list)  # each tie: step, expected, got, gap, bound (opttree.ties.Divergence)
+    ties: list[dict] = field(default_factory=list)  # each tie's step, expected, got, gap, bound (ties.Divergence)
     expected_lengths: list[float] = field(default_factory=list)  # opttree: E(A) of each step's tree
     accepted: list[int] = field(default_factory=list)  # opttree: draft tokens accepted per step
     tree_sizes: list[int] = field(default_factory=list)  # opttree: nodes verified per step
