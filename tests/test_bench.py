@@ -9,8 +9,8 @@ matplotlib.use("Agg")
 import pytest
 import torch
 
-from models import peaked, tiny_model
-from opttree import DraftTree
+from models import VOCAB, peaked, tiny_model
+from opttree import DraftTree, generation
 from opttree.bench import Generated, Method, load_questions, run_bench, select_questions
 from opttree.bench import cli, models as bench_models
 from opttree.bench.methods import StepRecorder, parse_tree_spec
@@ -130,11 +130,85 @@ def test_equality_check_fails_loudly(pair, tmp_path):
     assert not result.ok and result.exit_code == 1
     (bad,) = result.mismatches
     assert bad.method == "broken" and bad.first_mismatch == bad.new_tokens - 1
+    assert bad.verdict == "mismatch" and bad.ties == [] and not result.ties
     assert all(r.matches_plain for r in result.records if r.method == "lookup")
     text = result.markdown()
     assert "FAILED" in text and "✗ MISMATCH 1/1" in text and "✓ 1/1" in text
     result.write(tmp_path)
     assert (tmp_path / "speedup_by_category.png").read_bytes()[:8] == PNG
+
+
+def tied_target(dtype, question):
+    """A target whose LM head gives token 95 exactly the logit of plain's first answer token ``a`` to
+    ``question``: plain's argmax takes ``a``, the lower of the two."""
+    target = tiny_model("llama", seed=0, dtype=dtype)
+    ids = torch.tensor([prompt_ids(CharTokenizer(), question["turns"][:1], [])])
+    a = int(target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=1)[0, -1])
+    assert a < VOCAB - 1
+    with torch.no_grad():
+        target.lm_head.weight[VOCAB - 1] = target.lm_head.weight[a]
+    return target, a
+
+
+def upward_ties(monkeypatch):
+    """opttree's argmax walk with token 95 one float32 unit higher: it wins its exact ties, as a
+    last-bit difference of rounding would make it (and changes nothing else)."""
+    real = generation.greedy_walk
+
+    def walk(tree, logits, pool_ids, depth=None):  # logits: [n + 1, vocab] float32
+        logits = logits.clone()
+        logits[:, VOCAB - 1] = torch.nextafter(logits[:, VOCAB - 1], torch.tensor(float("inf")))
+        return real(tree, logits, pool_ids, depth)
+
+    monkeypatch.setattr(generation, "greedy_walk", walk)
+
+
+def demoted(target):
+    """plain generate() with its last token changed to the worst-scoring one: a clear error."""
+
+    def generate(input_ids, max_new_tokens):
+        out = target.generate(input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False,
+                              max_new_tokens=max_new_tokens, output_scores=True, return_dict_in_generate=True)
+        sequences = out.sequences.clone()
+        sequences[0, -1] = out.scores[-1][0].argmin()
+        return Generated(sequences, [1] * (sequences.shape[1] - input_ids.shape[1]))
+
+    return Method("demoted", generate)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_half_precision_near_ties_are_reported_and_pass_but_errors_fail(dtype, monkeypatch, tmp_path):
+    target, a = tied_target(dtype, QUESTIONS[1])
+    upward_ties(monkeypatch)
+    result = run_bench(target, target, CharTokenizer(), QUESTIONS[1:], methods=["plain", "opttree", demoted(target)],
+                       max_new_tokens=8, warmup=0, progress=False, tree={"nodes": 4})
+    by_method = {r.method: r for r in result.records}
+    tie = by_method["opttree"]
+    assert tie.tokens[0] == VOCAB - 1 and not tie.matches_plain and tie.first_mismatch == 0
+    assert tie.verdict == "tie" and tie.ties[0]["step"] == 0 and tie.ties[0]["gap"] == 0.0
+    assert (tie.ties[0]["expected"], tie.ties[0]["got"]) == (a, VOCAB - 1) and tie.ties[0]["bound"] > 0
+    assert result.ties == [tie] and [r.method for r in result.mismatches] == ["demoted"]
+    assert by_method["demoted"].verdict == "mismatch" and result.exit_code == 1
+    text = result.markdown()
+    assert "✓ 1/1 (1 near-tie)" in text and "✗ MISMATCH 1/1" in text and "## Near-ties" in text
+    assert "FAILED: 1 turn(s) of demoted" in text
+    # without the wrong method the run passes
+    result = run_bench(target, target, CharTokenizer(), QUESTIONS[1:], methods=["plain", "opttree"],
+                       max_new_tokens=8, warmup=0, progress=False, tree={"nodes": 4})
+    assert result.ok and result.exit_code == 0 and len(result.ties) == 1
+    result.write(tmp_path)
+    assert json.loads((tmp_path / "records.jsonl").read_text().splitlines()[1])["verdict"] == "tie"
+
+
+def test_float32_allows_no_tie(monkeypatch):
+    """The same exact tie broken the other way in float32 is a mismatch: float32 is exact."""
+    target, a = tied_target(torch.float32, QUESTIONS[1])
+    upward_ties(monkeypatch)
+    result = run_bench(target, target, CharTokenizer(), QUESTIONS[1:], methods=["plain", "opttree"],
+                       max_new_tokens=8, warmup=0, progress=False, tree={"nodes": 4})
+    (bad,) = result.mismatches
+    assert bad.method == "opttree" and bad.tokens[0] == VOCAB - 1 and bad.verdict == "mismatch"
+    assert not result.ties and result.exit_code == 1 and "near-tie" not in result.markdown().split("## Set-up")[0]
 
 
 def test_hf_methods_under_the_cpu_kernel(pair):

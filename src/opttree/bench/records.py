@@ -3,7 +3,9 @@
 the report that writes them and the plots that draw them: the runner imports the report, the report
 the plots, all three this module, and this module none of them.
 
-Definitions (Spec-Bench's, greedy, batch 1): see :mod:`opttree.bench.report`.
+Definitions (Spec-Bench's, greedy, batch 1): see :mod:`opttree.bench.report`. A turn's ``verdict``
+is :mod:`opttree.ties`'s: ``equal`` (plain's tokens), ``tie`` (a bf16/fp16 output that leaves plain's
+only at near-ties of the target's own scores) or ``mismatch`` (an error; in float32 any difference).
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 from typing import Protocol
+
+from ..ties import Outcome
 
 REFERENCE = "plain"  # the method every other one is checked against
 ALL = "all"  # the summary group over every category
@@ -32,8 +36,10 @@ class TurnRecord:
     accept_lengths: list[int]  # tokens per decoding step (accepted + bonus)
     tokens: list[int] = field(default_factory=list)  # the new token ids
     text: str = ""
-    matches_plain: bool | None = None  # None for the reference itself
+    matches_plain: bool | None = None  # the tokens equal plain's (None for the reference itself)
     first_mismatch: int | None = None  # index of the first new token that differs from plain's
+    verdict: str | None = None  # "equal", "tie" or "mismatch" (opttree.ties.Outcome); None for the reference
+    ties: list[dict] = field(default_factory=list)  # each tie's step, expected, got, gap, bound (ties.Divergence)
     expected_lengths: list[float] = field(default_factory=list)  # opttree: E(A) of each step's tree
     accepted: list[int] = field(default_factory=list)  # opttree: draft tokens accepted per step
     tree_sizes: list[int] = field(default_factory=list)  # opttree: nodes verified per step
@@ -43,6 +49,10 @@ class TurnRecord:
     @property
     def steps(self) -> int:
         return len(self.accept_lengths)
+
+    @property
+    def mismatched(self) -> bool:
+        return self.verdict == Outcome.MISMATCH
 
 
 @dataclass(frozen=True)
@@ -58,13 +68,18 @@ class Summary:
     tau: float  # mean tokens per decoding step
     step_cost: float  # mean time of one decoding step / plain's mean time per token: speedup = τ / step_cost
     equal: int  # turns whose tokens equal plain generate()'s
+    ties: int  # turns that leave plain's tokens only at near-ties (bf16/fp16; opttree.ties)
     mean_expected_length: float | None = None  # opttree: mean E(A) per step
     mean_tree_size: float | None = None
     draft_share: float | None = None  # opttree: drafting time / (drafting + verifying)
 
     @property
+    def mismatches(self) -> int:
+        return self.turns - self.equal - self.ties
+
+    @property
     def ok(self) -> bool:
-        return self.equal == self.turns
+        return self.mismatches == 0
 
 
 def _summary(group: str, method: str, mine: list[TurnRecord], plain: dict) -> Summary:
@@ -87,6 +102,7 @@ def _summary(group: str, method: str, mine: list[TurnRecord], plain: dict) -> Su
         tau=tokens / steps if steps else float("nan"),
         step_cost=time_sum / steps / plain_per_token if steps and plain_per_token > 0 else float("nan"),
         equal=sum(1 for r in mine if r.matches_plain is not False),
+        ties=sum(1 for r in mine if r.verdict == Outcome.TIE),
         mean_expected_length=sum(expected) / len(expected) if expected else None,
         mean_tree_size=sum(sizes) / len(sizes) if sizes else None,
         draft_share=draft / (draft + verify) if draft + verify > 0 else None,

@@ -4,18 +4,23 @@ For each question, each turn is run by every method before the next turn starts 
 the methods rotates from one question to the next), so a machine that slows down or speeds up
 during the run affects every method alike. Turn k+1 continues the conversation with the *plain*
 method's answer to turn k, so that all methods see the same context. Every method's tokens are
-compared with plain generate()'s: a speedup with a different answer is a failure.
+compared with plain generate()'s: a speedup with a different answer is a failure, except, for a
+bfloat16 or float16 target, where the answer leaves plain's only at near-ties of the target's own
+scores (:mod:`opttree.ties`: the difference of rounding between a tree forward and a one-token one).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import asdict
 from typing import Callable, Sequence
 
 import torch
 
-from .methods import Method, make_methods
+from ..ties import Outcome, Verdict, check_greedy, classify, is_exact, plain_greedy
+from ..ties import first_divergence as first_difference
+from .methods import Method, greedy_kwargs, make_methods
 from .questions import Question, as_question, prompt_ids
 from .records import REFERENCE, TurnRecord
 from .report import BenchResult, environment
@@ -23,12 +28,21 @@ from .report import BenchResult, environment
 logger = logging.getLogger(__name__)
 
 
-def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
-    """Index of the first position where two token lists differ (None if equal)."""
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
+def judge(target, input_ids: torch.Tensor, tokens: list[int], plain_tokens: list[int],
+          max_new_tokens: int) -> Verdict:
+    """A method's new tokens against plain's. Where they differ and the target is bfloat16 or
+    float16, plain generate() is rerun (untimed) with its scores kept, and the difference judged by
+    :func:`opttree.ties.check_greedy`; in float32 any difference is a mismatch.
+    input_ids: [1, T] long, the turn's prompt."""
+    if tokens == plain_tokens or is_exact(target.dtype):
+        return classify(plain_tokens, tokens, None, target.dtype)
+    kwargs = greedy_kwargs(target, input_ids, max_new_tokens)
+    kwargs = {k: v for k, v in kwargs.items() if k not in ("attention_mask", "max_new_tokens")}
+    plain = plain_greedy(target, input_ids, max_new_tokens=max_new_tokens, **kwargs)
+    if plain.tokens != plain_tokens:
+        logger.error("plain generate() gave other tokens when run again on the same prompt: no tie can be judged")
+        return classify(plain_tokens, tokens, None, target.dtype)
+    return check_greedy(target, input_ids, tokens, max_new_tokens=max_new_tokens, plain=plain, **kwargs)
 
 
 def _sync(device) -> None:
@@ -62,6 +76,19 @@ def run_method(method: Method, input_ids: torch.Tensor, max_new_tokens: int, tok
         logger.warning("%s: accept lengths sum to %d but %d tokens were generated", method.name,
                        sum(record.accept_lengths), record.new_tokens)
     return record
+
+
+def compare(record: TurnRecord, plain: TurnRecord, verdict: Verdict) -> None:
+    """Write a method's comparison with plain into its record (and the log)."""
+    record.first_mismatch = first_difference(record.tokens, plain.tokens)
+    record.matches_plain = record.first_mismatch is None
+    record.verdict = verdict.outcome.value
+    record.ties = [asdict(t) for t in verdict.ties]
+    where = f"{record.method} on question {record.question_id} turn {record.turn + 1}"
+    if verdict.outcome is Outcome.MISMATCH:
+        logger.error("GREEDY MISMATCH: %s differs from plain generate(): %s", where, verdict.describe())
+    elif verdict.outcome is Outcome.TIE:
+        logger.info("near-tie: %s leaves plain generate() only where its scores tie: %s", where, verdict.describe())
 
 
 def _progress(total: int, enabled: bool):
@@ -137,12 +164,7 @@ def run_bench(target, draft, tokenizer, questions: Sequence, *,
             for method in methods:
                 record = by_name[method.name]
                 if method is not reference:
-                    record.first_mismatch = first_difference(record.tokens, plain.tokens)
-                    record.matches_plain = record.first_mismatch is None
-                    if not record.matches_plain:
-                        logger.error("GREEDY MISMATCH: %s differs from plain generate() on question %s turn %d "
-                                     "at new token %d", method.name, question.question_id, turn + 1,
-                                     record.first_mismatch)
+                    compare(record, plain, judge(target, input_ids, record.tokens, plain.tokens, max_new_tokens))
                 records.append(record)
                 if on_record is not None:
                     on_record(record)

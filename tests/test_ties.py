@@ -1,0 +1,235 @@
+"""The near-tie rule for low-precision greedy equality (opttree.ties): the classifier on synthetic
+scores, opttree on tiny random models in bf16 and fp16 (equal or a tie, never a mismatch), a tie
+made on purpose through the whole loop, and negative controls: a verifier that emits a non-argmax
+token, and outputs with one token changed, are mismatches."""
+
+import pytest
+import torch
+
+from models import FAMILIES, VOCAB, peaked, tiny_model
+from opttree import generation, speculative_generate
+from opttree.ties import (TIE_EPS_MULTIPLE, Outcome, check_greedy, classify, gap_in_ulps, is_exact, plain_greedy,
+                          tie_bound)
+
+HALF = [torch.bfloat16, torch.float16]
+EXACT = [torch.float32, torch.float64]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Models this small run fastest on one thread (and much slower on two busy cores)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def scores_with(values: dict[int, float], vocab: int = 8, rest: float = 0.0) -> torch.Tensor:
+    """One step's scores [vocab] float32: ``rest`` everywhere but at the given tokens."""
+    row = torch.full((vocab,), rest)
+    for token, value in values.items():
+        row[token] = value
+    return row
+
+
+# -- the classifier on synthetic scores --------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", HALF + EXACT, ids=str)
+def test_equal_outputs_are_equal_in_every_dtype(dtype):
+    verdict = classify([1, 2, 3], [1, 2, 3], [scores_with({1: 1.0})] * 3, dtype)
+    assert verdict.outcome is Outcome.EQUAL and verdict.ok and verdict.ties == () and verdict.mismatch is None
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+def test_an_exact_tie_in_half_precision_is_a_tie(dtype):
+    step1 = scores_with({2: 0.310546875, 5: 0.310546875})  # plain took the first of two equal maxima
+    verdict = classify([4, 2, 7], [4, 5, 1], [scores_with({4: 1.0}), step1, scores_with({7: 1.0})], dtype)
+    assert verdict.outcome is Outcome.TIE and verdict.ok
+    (tie,) = verdict.ties
+    assert (tie.step, tie.expected, tie.got, tie.gap) == (1, 2, 5, 0.0)
+    assert tie.bound == TIE_EPS_MULTIPLE * torch.finfo(dtype).eps * 0.310546875
+    assert "tie at new token 1" in verdict.describe()
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+def test_a_gap_at_the_bound_is_a_tie_and_one_step_more_is_a_mismatch(dtype):
+    eps = torch.finfo(dtype).eps
+    top = 8.0  # the largest |score|: values in [4, 8) are eps * 4 apart in this dtype
+    at_bound = top - TIE_EPS_MULTIPLE * eps * top
+    beyond = at_bound - eps * 4  # the next representable value below
+    for value in (at_bound, beyond):  # both are scores a model of this dtype can produce
+        assert torch.tensor(value, dtype=dtype).item() == value
+    for value, outcome in ((at_bound, Outcome.TIE), (beyond, Outcome.MISMATCH)):
+        scores = [scores_with({0: top, 1: value, 2: -top})]
+        assert classify([0], [1], scores, dtype).outcome is outcome, value
+    assert gap_in_ulps(top - at_bound, scores_with({0: top}), dtype) == 4.0  # eps * 8.0 is one ulp at 8.0
+
+
+def test_fp16_allows_an_eighth_of_bf16s_gap():
+    row = scores_with({0: 3.0, 1: 2.9})
+    assert tie_bound(row, torch.float16) == tie_bound(row, torch.bfloat16) / 8
+
+
+@pytest.mark.parametrize("dtype", EXACT, ids=str)
+def test_in_float32_and_float64_any_difference_is_a_mismatch(dtype):
+    assert is_exact(dtype) and tie_bound(scores_with({0: 100.0}), dtype) == 0.0
+    exact_tie = scores_with({0: 0.5, 1: 0.5})
+    for got in (1, 3):  # an exact tie of the scores, and a token far below
+        verdict = classify([0], [got], [exact_tie], dtype)
+        assert verdict.outcome is Outcome.MISMATCH and not verdict.ok and verdict.ties == ()
+        assert verdict.mismatch.step == 0 and verdict.mismatch.bound == 0.0
+
+
+def test_stopping_elsewhere_is_a_mismatch_even_in_half_precision():
+    scores = [scores_with({1: 1.0, 2: 1.0})] * 3
+    for plain, other in (([1, 1], [1]), ([1], [1, 1])):
+        verdict = classify(plain, other, scores, torch.bfloat16)
+        assert verdict.outcome is Outcome.MISMATCH and verdict.mismatch.gap is None
+        assert "length difference" in verdict.describe()
+
+
+def test_masked_scores_do_not_set_the_scale():
+    row = scores_with({0: 1.0, 1: 0.99}, rest=float("-inf"))  # e.g. a processor's -inf mask
+    assert tie_bound(row, torch.bfloat16) == TIE_EPS_MULTIPLE * torch.finfo(torch.bfloat16).eps * 1.0
+
+
+def test_scores_that_prefer_the_other_token_are_not_plains():
+    with pytest.raises(ValueError, match="not the scores plain chose from"):
+        classify([0], [1], [scores_with({0: 0.5, 1: 0.6})], torch.bfloat16)
+
+
+def test_without_scores_no_divergence_is_a_tie():
+    verdict = classify([1, 2], [1, 3], None, torch.bfloat16)
+    assert verdict.outcome is Outcome.MISMATCH and verdict.mismatch.gap is None
+    assert verdict.describe() == "mismatch: at new token 1: plain 2, got 3"
+
+
+# -- opttree on tiny random models in half precision ------------------------------------------------
+
+def prompt(seed: int, length: int = 6) -> torch.Tensor:  # [1, length] long
+    return torch.randint(3, 90, (1, length), generator=torch.Generator().manual_seed(seed))
+
+
+def opttree_tokens(target, draft, ids, max_new_tokens=16, **kw) -> list[int]:
+    out = target.generate(ids, custom_generate=speculative_generate, draft_model=draft, nodes=6,
+                          max_new_tokens=max_new_tokens, do_sample=False, **kw)
+    return out[0, ids.shape[1]:].tolist()
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_half_precision_output_is_plains_or_diverges_only_at_ties(family, dtype):
+    """Raw random models (top scores often within a few units of rounding of each other): opttree's
+    output may leave plain's at a near-tie, and only there, on any CPU."""
+    target = tiny_model(family, seed=0, dtype=dtype)
+    for draft in (tiny_model(family, seed=1, dtype=dtype), target):
+        for seed in range(3):
+            ids = prompt(seed)
+            verdict = check_greedy(target, ids, opttree_tokens(target, draft, ids), max_new_tokens=16)
+            assert verdict.ok, verdict.describe()
+
+
+def nudged_walk(token: int):
+    """The argmax walk on logits where ``token`` scores one float32 unit higher: where it ties
+    exactly with a lower token, it wins (plain's argmax takes the lower one); nowhere else can the
+    choice change, as half-precision scores lie far more than one float32 unit apart."""
+    real = generation.greedy_walk
+
+    def walk(tree, logits, pool_ids, depth=None):  # logits: [n + 1, vocab] float32
+        logits = logits.clone()
+        logits[:, token] = torch.nextafter(logits[:, token], torch.tensor(float("inf")))
+        return real(tree, logits, pool_ids, depth)
+
+    return walk
+
+
+def tied_target(dtype):
+    """A target whose LM head gives token ``b`` exactly token ``a``'s logit, ``a`` < ``b`` being plain's
+    first new token on prompt(0): plain picks ``a``, a walk that breaks the tie upwards ``b``."""
+    target = tiny_model("llama", seed=0, dtype=dtype)
+    a = plain_greedy(target, prompt(0), max_new_tokens=1).tokens[0]
+    b = VOCAB - 1
+    assert a < b
+    with torch.no_grad():
+        target.lm_head.weight[b] = target.lm_head.weight[a]
+    return target, a, b
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+def test_a_tie_broken_the_other_way_is_a_tie(dtype, monkeypatch):
+    target, a, b = tied_target(dtype)
+    monkeypatch.setattr(generation, "greedy_walk", nudged_walk(b))
+    ids = prompt(0)
+    tokens = opttree_tokens(target, target, ids)
+    assert tokens[0] == b
+    verdict = check_greedy(target, ids, tokens, max_new_tokens=16)
+    assert verdict.outcome is Outcome.TIE, verdict.describe()
+    assert (verdict.ties[0].step, verdict.ties[0].expected, verdict.ties[0].got, verdict.ties[0].gap) == (0, a, b, 0.0)
+    # the same walk on a float32 target is a mismatch: no tie is allowed there
+    target32, a32, b32 = tied_target(torch.float32)
+    tokens32 = opttree_tokens(target32, target32, ids)
+    verdict = check_greedy(target32, ids, tokens32, max_new_tokens=16)
+    assert tokens32[0] == b32 and verdict.outcome is Outcome.MISMATCH and verdict.mismatch.gap == 0.0
+
+
+def test_after_a_tie_the_continuation_is_checked_too(monkeypatch):
+    """A wrong token after a genuine tie is still caught: the rest of the output is checked against
+    the target's own greedy from the diverged context."""
+    target, a, b = tied_target(torch.bfloat16)
+    monkeypatch.setattr(generation, "greedy_walk", nudged_walk(b))
+    ids = prompt(0)
+    tokens = opttree_tokens(target, target, ids)
+    after = torch.cat([ids, torch.tensor([tokens[:4]])], 1)
+    scores = plain_greedy(target, after, max_new_tokens=1).scores[0]
+    wrong = int(scores.topk(10).indices[-1])  # the 10th best where the 5th token is chosen
+    verdict = check_greedy(target, ids, tokens[:4] + [wrong] + tokens[5:], max_new_tokens=16)
+    assert verdict.outcome is Outcome.MISMATCH and verdict.ties[0].step == 0
+    assert verdict.mismatch.step == 4 and verdict.mismatch.gap > verdict.mismatch.bound
+
+
+# -- negative controls: what the rule must not excuse ----------------------------------------------
+
+def demoting_walk(ranks: int):
+    """A WRONG verifier: at the first step's root it takes the target's (ranks + 1)-th best token."""
+    real = generation.greedy_walk
+    calls = []
+
+    def walk(tree, logits, pool_ids, depth=None):  # logits: [n + 1, vocab] float32
+        if not calls:
+            logits = logits.clone()
+            logits[0, logits[0].topk(ranks).indices] = float("-inf")
+        calls.append(1)
+        return real(tree, logits, pool_ids, depth)
+
+    return walk
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("family", ["llama", "qwen3", "gpt2"])
+def test_a_verifier_that_accepts_a_non_argmax_token_is_a_mismatch(family, dtype, monkeypatch):
+    target = tiny_model(family, seed=0, dtype=dtype)
+    monkeypatch.setattr(generation, "greedy_walk", demoting_walk(9))
+    ids = prompt(1)
+    verdict = check_greedy(target, ids, opttree_tokens(target, target, ids), max_new_tokens=16)
+    assert verdict.outcome is Outcome.MISMATCH and verdict.ties == ()
+    assert verdict.mismatch.step == 0 and verdict.mismatch.gap > verdict.mismatch.bound
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("rank", [1, 9])  # the 2nd and the 10th best token
+def test_an_output_with_one_token_changed_is_a_mismatch(rank, dtype):
+    """On a peaked target (top scores far apart) the 2nd best is as wrong as the 10th."""
+    target = peaked(tiny_model("llama", seed=0, dtype=dtype), scale=30.0)
+    ids = prompt(2)
+    plain = plain_greedy(target, ids, max_new_tokens=12)
+    changed = 0
+    for step, row in enumerate(plain.scores):
+        tokens = list(plain.tokens)
+        tokens[step] = int(row.topk(rank + 1).indices[-1])
+        if row[plain.tokens[step]] - row[tokens[step]] <= 2 * tie_bound(row, dtype):
+            continue  # a near-tie on this CPU: changing it is no clear error
+        verdict = classify(plain.tokens, tokens, plain.scores, dtype)
+        assert verdict.outcome is Outcome.MISMATCH and verdict.mismatch.step == step
+        assert check_greedy(target, ids, tokens, max_new_tokens=12, plain=plain).outcome is Outcome.MISMATCH
+        changed += 1
+    assert changed >= 6
