@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from opttree.drafters.feature_head import FeatureHead
-from opttree.hf_compat import with_cache
+from opttree.hf.compat import with_cache
 
 logger = logging.getLogger("draft_agreement")
 

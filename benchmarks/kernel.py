@@ -1,7 +1,7 @@
 """Does opttree's few-row linear kernel (``opttree.fast_linear``) pay on this machine?
 
 Times one target forward over a root and n tree nodes on a cached prefix (the verify of a decoding
-step; ``opttree.budget.measure_verify``) with the kernel off, on, and in ``auto`` mode, and prints
+step; ``opttree.budget.calibration.measure_verify``) with the kernel off, on, and in ``auto`` mode, and prints
 the medians as a markdown table. ``auto`` is timed after a first pass that lets it make its
 choices (``fast_linear.decisions()``, summarised below the table).
 
@@ -19,7 +19,8 @@ import platform
 
 import torch
 
-from opttree import budget, fast_linear
+from opttree.budget import calibration
+from opttree.hf import fast_linear
 
 MODES = ("off", "on", "auto")
 
@@ -29,8 +30,8 @@ def verify_ms(target, sizes: list[int], prefix: int, repeats: int, mode: str) ->
     os.environ["OPTTREE_WEIGHT_MAJOR"] = mode
     with fast_linear.weight_major():
         if mode == "auto":  # let it try both paths for every shape first
-            budget.measure_verify(target, sizes, prefix, repeats=2 * fast_linear.TRIALS)
-        seconds = budget.measure_verify(target, sizes, prefix, repeats=repeats)
+            calibration.measure_verify(target, sizes, prefix, repeats=2 * fast_linear.TRIALS)
+        seconds = calibration.measure_verify(target, sizes, prefix, repeats=repeats)
     return [1000 * s for s in seconds]
 
 

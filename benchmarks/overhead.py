@@ -2,7 +2,7 @@
 
 A tiny peaked Llama pair (random weights, output rows scaled so that the draft's q is sharp and
 trees grow deep, as a good draft's would) decodes with each drafter, greedy and sampled, for
-every node budget × max_depth; :class:`opttree.overhead.OverheadCounter` counts the span between
+every node budget × max_depth; :class:`opttree.tools.overhead.OverheadCounter` counts the span between
 consecutive verify forwards. Ops and reads are deterministic (pinned in tests/test_overhead.py);
 host ms depends on the machine and its load.
 
@@ -24,7 +24,7 @@ from models import peaked, tiny_model  # noqa: E402  (tests/models.py: tiny rand
 
 from opttree import SpeculativeGenerator  # noqa: E402
 from opttree.distill.head import new_head  # noqa: E402
-from opttree.overhead import OverheadCounter, StepCounts  # noqa: E402
+from opttree.tools.overhead import OverheadCounter, StepCounts  # noqa: E402
 
 PROMPT = torch.tensor([[5, 17, 33, 2, 41, 8, 19, 60]])
 

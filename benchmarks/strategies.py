@@ -2,7 +2,7 @@
 
 Methods (greedy, batch 1, interleaved per prompt with plain ``generate()`` first):
 - every strategy at the same node budget ``--nodes``: ``opt``, ``heap``, ``delayed``, ``chain``,
-  ``static`` (the EAGLE-style tree of ``opttree.static_trees``, cut to the budget by p̂);
+  ``static`` (the EAGLE-style tree of ``opttree.tree.static_trees``, cut to the budget by p̂);
 - ``opt`` at each of ``--budgets`` (fixed budgets to compare ``auto`` with);
 - ``nodes="auto", threshold="auto"`` for each strategy in ``--auto`` (default ``opt``), and ``opt``
   with ``--nodes`` and ``threshold="auto"``.
@@ -35,9 +35,10 @@ from pathlib import Path
 
 import torch
 
-from opttree import budget, speculative_generate
+from opttree import speculative_generate
+from opttree.budget import calibration
 from opttree.drafters import make_drafter
-from opttree.static_trees import EAGLE_STYLE_25, EAGLE_STYLE_60
+from opttree.tree.static_trees import EAGLE_STYLE_25, EAGLE_STYLE_60
 
 logger = logging.getLogger("benchmarks.strategies")
 DEFAULT_DRAFT = Path("drafts/smollm2-135m-draft")
@@ -128,7 +129,7 @@ def methods_for(args) -> dict[str, dict]:
 
 def print_calibration(target, draft) -> None:
     drafter = make_drafter(draft, target)
-    latency = budget.known_latency(target, drafter)
+    latency = calibration.known_latency(target, drafter)
     if latency is None:
         return
     verify = ", ".join(f"T({n})={t * 1e3:.1f}" for n, t in zip(latency.verify.sizes, latency.verify.seconds))
@@ -179,7 +180,8 @@ def main(argv=None) -> int:
 
     # auto's calibration (once; every call then shares it in memory) and a warm-up, outside the timings
     if any("auto" in name for name in methods):
-        budget.calibrate(target, make_drafter(draft, target), lambda: make_drafter(draft, target), mode=args.calibration)
+        calibration.calibrate(target, make_drafter(draft, target), lambda: make_drafter(draft, target),
+                              mode=args.calibration)
     with torch.inference_mode():
         target.generate(prompts[0], max_new_tokens=4, do_sample=False)
         for tree in methods.values():

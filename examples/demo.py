@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from opttree import SpeculativeGenerator
-from opttree.fast_linear import weight_major
+from opttree.hf.fast_linear import weight_major
 from opttree.smollm2 import load_smollm2
 
 DRAFTS = Path(__file__).resolve().parents[1] / "drafts"

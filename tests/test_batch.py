@@ -12,7 +12,7 @@ from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteria
 
 from models import partly_agreeing, peaked, tiny_model
 from opttree import TreeConfig, speculative, speculative_generate
-from opttree import rows as batch_module
+from opttree.loop import rows as batch_module
 
 FAMILIES = ["llama", "qwen2", "gpt2", "opt", "gemma"]
 
@@ -89,8 +89,8 @@ def test_half_precision_and_eager_batches(family, attn, dtype):
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
 def test_squeezing_the_holes_out_every_step_changes_nothing(family, monkeypatch):
     """Compaction (kv_cache.compact_rows) moves every row's slots; positions and masks follow."""
-    monkeypatch.setattr(batch_module, "COMPACT_MIN_HOLES", 0)
-    monkeypatch.setattr(batch_module, "COMPACT_SHARE", 0.0)
+    monkeypatch.setattr(batch_module.kv_cache, "COMPACT_MIN_HOLES", 0)
+    monkeypatch.setattr(batch_module.kv_cache, "COMPACT_SHARE", 0.0)
     calls = []
     real = batch_module.kv_cache.compact_rows
     monkeypatch.setattr(batch_module.kv_cache, "compact_rows", lambda cache, valid: calls.append(1) or real(cache, valid))
@@ -283,10 +283,10 @@ def test_visible_holes_and_padding_are_caught(monkeypatch):
 ])
 def test_sampling_keeps_each_rows_law(verifier, strategy, drafter):
     from test_sampling import VOCAB, chi_square, lm_law, tiny_lm
-    from opttree import kv_cache
-    from opttree.generation import speculative_decode
+    from opttree.hf import kv_cache
+    from opttree.loop.generation import speculative_decode
     from opttree.drafters.batch_model import BatchModelDrafter
-    from opttree.sampling import draft_to_probs
+    from opttree.verify.sampling import draft_to_probs
     from transformers import MaxLengthCriteria
 
     target, draft = tiny_lm(0, scale=12.0), tiny_lm(5, scale=12.0)
@@ -355,7 +355,7 @@ def test_sampling_is_reproducible_and_rows_differ():
 
 
 def test_lockstep_batches_every_round_and_drops_finished_tasks():
-    from opttree.lockstep import run_in_lockstep
+    from opttree.loop.lockstep import run_in_lockstep
 
     rounds = []
 
@@ -376,7 +376,7 @@ def test_lockstep_batches_every_round_and_drops_finished_tasks():
 def test_lockstep_reraises_a_failing_task_and_ends_the_others():
     import threading
 
-    from opttree.lockstep import run_in_lockstep
+    from opttree.loop.lockstep import run_in_lockstep
 
     def waits_forever(call):
         while True:
@@ -401,7 +401,7 @@ def test_lockstep_reraises_a_failing_task_and_ends_the_others():
 
 def test_batch_verification_inputs_pad_trees_with_dummies_and_hide_other_slots():
     from opttree import DraftTree
-    from opttree.masks import batch_verification_inputs
+    from opttree.tree.masks import batch_verification_inputs
 
     small = DraftTree(torch.tensor([7]), torch.tensor([-1]), torch.tensor([0.5]))
     big = DraftTree(torch.tensor([4, 5, 6]), torch.tensor([-1, 0, -1]), torch.tensor([0.6, 0.3, 0.2]))
@@ -421,7 +421,7 @@ def test_batch_verification_inputs_pad_trees_with_dummies_and_hide_other_slots()
 def test_keep_row_slots_moves_each_rows_path_to_the_front():
     from transformers import DynamicCache
 
-    from opttree import kv_cache
+    from opttree.hf import kv_cache
 
     cache = DynamicCache()
     keys = torch.arange(2 * 6, dtype=torch.float32).view(2, 1, 6, 1)  # [B, H, slots, D]: value = slot id
@@ -436,7 +436,7 @@ def test_keep_row_slots_moves_each_rows_path_to_the_front():
 def test_compact_rows_right_aligns_each_rows_slots():
     from transformers import DynamicCache
 
-    from opttree import kv_cache
+    from opttree.hf import kv_cache
 
     cache = DynamicCache()
     keys = torch.arange(2 * 5, dtype=torch.float32).view(2, 1, 5, 1)  # value = slot id

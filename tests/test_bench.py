@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from models import VOCAB, peaked, tiny_model
-from opttree import DraftTree, generation
+from opttree import DraftTree
+from opttree.loop import generation
 from opttree.bench import Generated, Method, load_questions, run_bench, select_questions
 from opttree.bench import cli, models as bench_models
 from opttree.bench.methods import StepRecorder, parse_tree_spec
@@ -213,7 +214,7 @@ def test_float32_allows_no_tie(monkeypatch):
 
 def test_hf_methods_under_the_cpu_kernel(pair):
     from opttree.bench import make_methods
-    from opttree import fast_linear
+    from opttree.hf import fast_linear
 
     target, draft = pair
     seen = []

@@ -9,16 +9,18 @@ import torch
 
 from models import peaked, tiny_model
 from opttree import TreeConfig, speculative_generate
-from opttree import budget, calibration, integration
-from opttree.budget import (AutoPolicy, FixedPolicy, LatencyModel, LatencyTable, LayerState, StepPlan, best_choice,
-                            best_size,
-                            expected_speed, layer_pays, layer_width, next_layer_guess)
-from opttree.builder import build_opt_tree
+from opttree.budget import calibration
+from opttree.budget import latency as latency_module
+from opttree.budget.latency import (AutoPolicy, LatencyModel, LatencyTable, best_choice, best_size, expected_speed,
+                                    layer_pays, layer_width, next_layer_guess)
+from opttree.integration import entry as integration
+from opttree.tree.plan import FixedPolicy, LayerState, StepPlan
+from opttree.tree.builder import build_opt_tree
 from opttree.distill.head import new_head
 from opttree.drafters import ModelDrafter, PromptLookupDrafter
 from opttree.drafters.feature_head import FeatureHeadDrafter
-from opttree.stats import LayerTiming, StepStats
-from opttree.strategies import build_tree
+from opttree.loop.stats import LayerTiming, StepStats
+from opttree.tree.strategies import build_tree
 from test_builder import synthetic_probs
 from test_strategies import StrictDrafter
 
@@ -40,7 +42,7 @@ def step(tree_size=8, verify=0.1, layers=(), root=0.0):
 
 
 # ---------------------------------------------------------------------------------------------
-# the modules: budget is a facade over plan (the seam), latency and calibration
+# the modules: the budget's names each have one home: plan (the seam), latency or calibration
 
 
 OLD_NAMES = ['AUTO_MAX_NODES', 'AffineFit', 'AutoPolicy', 'BudgetPolicy', 'CALIBRATION_PREFIX', 'CALIBRATION_VERSION',
@@ -50,29 +52,27 @@ OLD_NAMES = ['AUTO_MAX_NODES', 'AffineFit', 'AutoPolicy', 'BudgetPolicy', 'CALIB
              'calibration_prefix', 'clear_calibrations', 'drafter_fingerprint', 'expected_speed', 'from_json',
              'known_latency', 'layer_pays', 'layer_width', 'lower_envelope', 'make_policy', 'measure',
              'measure_drafter', 'measure_verify', 'model_fingerprint', 'next_layer_guess', 'read_cached', 'to_json',
-             'write_cached']  # every public name budget.py defined before the split
+             'write_cached']  # every public name of the budget before it was split
 NEW_NAMES = ['policy_maker']  # added since: one policy per batch row
 
 
-def test_budget_still_offers_every_old_name_from_its_new_home():
-    from opttree import latency as latency_module
-    from opttree import plan
+def test_every_budget_name_has_one_home():
+    from opttree.tree import plan
 
-    assert sorted(budget.__all__) == sorted(OLD_NAMES + NEW_NAMES)
-    for name in OLD_NAMES:
+    for name in OLD_NAMES + NEW_NAMES:
         homes = [m for m in (plan, latency_module, calibration) if name in m.__all__]
         assert len(homes) == 1, name  # offered by exactly one module
-        assert getattr(budget, name) is getattr(homes[0], name)
-        assert getattr(getattr(budget, name), "__module__", homes[0].__name__) == homes[0].__name__  # defined there
+        assert getattr(getattr(homes[0], name), "__module__", homes[0].__name__) == homes[0].__name__  # defined there
     assert sorted(plan.__all__) == ["BudgetPolicy", "FixedPolicy", "LayerState", "StepPlan"]
 
 
 def test_the_plan_seam_imports_nothing_heavy():
-    """Builders import the seam: at run time it needs only the standard library and opttree.config."""
+    """Builders import the seam: at run time it needs only the standard library and opttree.tree.config."""
     import ast
     from pathlib import Path
 
-    from opttree import config, plan
+    from opttree.tree import config
+    from opttree.tree import plan
 
     def runtime_imports(path):
         tree = ast.parse(Path(path).read_text())
@@ -130,8 +130,8 @@ def test_latency_table_interpolates_and_extrapolates():
 
 def test_noisy_calibrations_become_a_non_decreasing_table():
     noisy = (0.5, 1.7, 1.7, 1.5, 2.7, 2.2, 8.5, 4.3)  # measured on a busy machine
-    assert budget.lower_envelope(noisy) == (0.5, 1.5, 1.5, 1.5, 2.2, 2.2, 4.3, 4.3)
-    assert budget.lower_envelope(CPU_LIKE) == (0.060, 0.065, 0.070, 0.110, 0.145, 0.210, 0.230, 0.230)
+    assert calibration.lower_envelope(noisy) == (0.5, 1.5, 1.5, 1.5, 2.2, 2.2, 4.3, 4.3)
+    assert calibration.lower_envelope(CPU_LIKE) == (0.060, 0.065, 0.070, 0.110, 0.145, 0.210, 0.230, 0.230)
 
 
 def brute_force_size(probs, table, draft_seconds):
@@ -283,7 +283,7 @@ def best_fixed_speed(lat, config, width, draft):
     best = (0.0, None)
     for depth in range(1, config.max_depth + 1):
         machine = FakeMachine(lat, draft)
-        plan = StepPlan(nodes=budget.AUTO_MAX_NODES, threshold=0.0, width=width, grow=lambda state: True)
+        plan = StepPlan(nodes=latency_module.AUTO_MAX_NODES, threshold=0.0, width=width, grow=lambda state: True)
         built = build_tree(machine.root_probs(), machine.expand, config, depth, plan=plan)
         speed = best_choice(built.tree.path_probs, lat, machine.now)[1]
         best = max(best, (speed, depth), key=lambda x: x[0])
@@ -406,7 +406,7 @@ def test_the_loop_asks_the_policy_each_step_and_tells_it_the_cost(monkeypatch):
     target = peaked(tiny_model("llama", seed=0), scale=30.0)
     ids = torch.randint(3, 90, (1, 7), generator=torch.Generator().manual_seed(2))
     policy = RecordingPolicy(6)
-    monkeypatch.setattr(integration.budget, "policy_maker", lambda *args: lambda: policy)
+    monkeypatch.setattr(integration.calibration, "policy_maker", lambda *args: lambda: policy)
     ref = target.generate(ids, max_new_tokens=16, do_sample=False)
     out = target.generate(ids, max_new_tokens=16, do_sample=False, custom_generate=speculative_generate,
                           draft_model=target, max_depth=4, return_dict_in_generate=True)
@@ -427,8 +427,8 @@ def test_drafters_are_timed_through_their_protocol():
     draft = tiny_model("llama", seed=1, layers=1)
     head, _ = new_head(tiny_model("llama", seed=0), init_layer=0)
     for drafter in (ModelDrafter(draft), PromptLookupDrafter(vocab_size=96), FeatureHeadDrafter(head)):
-        root, layers = budget.measure_drafter(drafter, 96, torch.device("cpu"), repeats=1, hidden_size=32)
-        assert root >= 0 and len(layers) == len(budget.DRAFT_WIDTHS) and all(t >= 0 for t in layers)
+        root, layers = calibration.measure_drafter(drafter, 96, torch.device("cpu"), repeats=1, hidden_size=32)
+        assert root >= 0 and len(layers) == len(calibration.DRAFT_WIDTHS) and all(t >= 0 for t in layers)
     assert ModelDrafter(draft).forwards == 0
 
 
@@ -447,36 +447,36 @@ def count_measures(monkeypatch, tmp_path_factory):
     calls = []
     real = calibration.measure  # where calibrate() looks it up (budget only re-exports it)
     monkeypatch.setattr(calibration, "measure", lambda *a, **k: calls.append(1) or real(*a, **k))
-    budget.clear_calibrations()
+    calibration.clear_calibrations()
     yield calls
-    budget.clear_calibrations()
+    calibration.clear_calibrations()
 
 
 def test_calibration_is_written_reused_and_invalidated_on_disk(pair, tmp_path, count_measures):
     target, drafter, new_drafter = pair
-    first = budget.calibrate(target, drafter, new_drafter, folder=tmp_path, mode="on")
+    first = calibration.calibrate(target, drafter, new_drafter, folder=tmp_path, mode="on")
     files = list(tmp_path.glob("*.json"))
     assert len(count_measures) == 1 and len(files) == 1
     data = json.loads(files[0].read_text())
     assert data["key"]["target"]["class"] == "LlamaForCausalLM" and data["key"]["threads"] == torch.get_num_threads()
-    assert first.layer is not None and len(first.verify.seconds) == len(budget.VERIFY_SIZES)
-    assert budget.calibrate(target, drafter, new_drafter, folder=tmp_path, mode="on") is first  # memory
+    assert first.layer is not None and len(first.verify.seconds) == len(calibration.VERIFY_SIZES)
+    assert calibration.calibrate(target, drafter, new_drafter, folder=tmp_path, mode="on") is first  # memory
 
-    budget.clear_calibrations()  # a new process: read from disk, nothing measured
-    again = budget.calibrate(target, drafter, new_drafter, folder=tmp_path, mode="on")
+    calibration.clear_calibrations()  # a new process: read from disk, nothing measured
+    again = calibration.calibrate(target, drafter, new_drafter, folder=tmp_path, mode="on")
     assert len(count_measures) == 1 and again.verify == first.verify and again.layer == first.layer
 
     threads = torch.get_num_threads()
     try:  # another key (threads, another draft): measured again, another file
         torch.set_num_threads(threads + 1)
-        budget.calibrate(target, drafter, new_drafter, folder=tmp_path, mode="on")
+        calibration.calibrate(target, drafter, new_drafter, folder=tmp_path, mode="on")
     finally:
         torch.set_num_threads(threads)
     other = ModelDrafter(tiny_model("llama", seed=1, layers=2))
-    budget.calibrate(target, other, lambda: ModelDrafter(other.model), folder=tmp_path, mode="on")
+    calibration.calibrate(target, other, lambda: ModelDrafter(other.model), folder=tmp_path, mode="on")
     assert len(count_measures) == 3 and len(list(tmp_path.glob("*.json"))) == 3
 
-    budget.calibrate(target, drafter, new_drafter, folder=tmp_path, mode="refresh")  # measured and rewritten
+    calibration.calibrate(target, drafter, new_drafter, folder=tmp_path, mode="refresh")  # measured and rewritten
     assert len(count_measures) == 4 and len(list(tmp_path.glob("*.json"))) == 3
 
 
@@ -527,57 +527,57 @@ def test_concurrent_auto_calls_measure_each_pair_once_and_one_at_a_time(pair, tm
 
 def test_calibration_off_never_touches_the_disk_and_bad_files_are_ignored(pair, tmp_path, count_measures):
     target, drafter, new_drafter = pair
-    budget.calibrate(target, drafter, new_drafter, folder=tmp_path / "off", mode="off")
+    calibration.calibrate(target, drafter, new_drafter, folder=tmp_path / "off", mode="off")
     assert not (tmp_path / "off").exists()
-    key = budget.calibration_key(target, drafter)
+    key = calibration.calibration_key(target, drafter)
     (tmp_path / f"{calibration._digest(key)}.json").write_text("{not json")
-    budget.clear_calibrations()
-    budget.calibrate(target, drafter, new_drafter, folder=tmp_path, mode="on")
+    calibration.clear_calibrations()
+    calibration.calibrate(target, drafter, new_drafter, folder=tmp_path, mode="on")
     assert len(count_measures) == 2
 
 
 def test_cache_location_and_mode_come_from_the_environment(monkeypatch, tmp_path):
     monkeypatch.delenv("OPTTREE_CALIBRATION_DIR", raising=False)
     monkeypatch.setenv("OPTTREE_CACHE", str(tmp_path / "root"))
-    assert budget.cache_dir() == tmp_path / "root" / "calibration"
+    assert calibration.cache_dir() == tmp_path / "root" / "calibration"
     monkeypatch.setenv("OPTTREE_CALIBRATION_DIR", str(tmp_path / "cal"))
-    assert budget.cache_dir() == tmp_path / "cal"
+    assert calibration.cache_dir() == tmp_path / "cal"
     monkeypatch.setenv("OPTTREE_CALIBRATION", "Refresh")
-    assert budget.cache_mode() == "refresh"
+    assert calibration.cache_mode() == "refresh"
     monkeypatch.setenv("OPTTREE_CALIBRATION", "sometimes")
     with pytest.raises(ValueError, match="OPTTREE_CALIBRATION"):
-        budget.cache_mode()
+        calibration.cache_mode()
 
 
 def test_calibration_fits_the_context_or_refuses_auto(pair):
     target, drafter, new_drafter = pair
-    assert budget.calibration_prefix(target) == 256 - calibration._ROOM  # tiny models: 256 positions
+    assert calibration.calibration_prefix(target) == 256 - calibration._ROOM  # tiny models: 256 positions
     drafter.context_length = 200
-    assert budget.calibration_prefix(target, drafter) == 200 - calibration._ROOM
-    target.config.max_position_embeddings = calibration._ROOM + budget.MIN_CALIBRATION_PREFIX - 1
+    assert calibration.calibration_prefix(target, drafter) == 200 - calibration._ROOM
+    target.config.max_position_embeddings = calibration._ROOM + calibration.MIN_CALIBRATION_PREFIX - 1
     with pytest.raises(ValueError, match="context"):
-        budget.make_policy(TreeConfig(nodes="auto"), target, drafter, new_drafter)
+        calibration.make_policy(TreeConfig(nodes="auto"), target, drafter, new_drafter)
 
 
 def test_the_test_session_never_writes_into_the_home_cache():
     from pathlib import Path
 
-    assert not str(budget.cache_dir()).startswith(str(Path.home() / ".cache"))
+    assert not str(calibration.cache_dir()).startswith(str(Path.home() / ".cache"))
 
 
 def test_make_policy_measures_once_per_pair_and_keeps_other_settings(pair, count_measures):
     target, drafter, new_drafter = pair
     config = TreeConfig(nodes="auto", threshold=0.3, max_depth=7, strategy="heap")
-    policy = budget.make_policy(config, target, drafter, new_drafter)
+    policy = calibration.make_policy(config, target, drafter, new_drafter)
     assert isinstance(policy, AutoPolicy) and policy.auto_nodes and not policy.auto_threshold
     plan = policy.plan()
     assert (plan.nodes, plan.threshold, plan.grow, policy.max_nodes) == (64, 0.3, None, 64)
     assert policy.latency.layer is not None and policy.latency.layer_time(8) > 0
-    budget.make_policy(config, target, drafter, new_drafter)
+    calibration.make_policy(config, target, drafter, new_drafter)
     assert len(count_measures) == 1  # cached
-    assert isinstance(budget.make_policy(TreeConfig(nodes=5), target, drafter), FixedPolicy)
+    assert isinstance(calibration.make_policy(TreeConfig(nodes=5), target, drafter), FixedPolicy)
     bare = ModelDrafter(tiny_model("llama", seed=1, layers=3))
-    uncopyable = budget.make_policy(TreeConfig(threshold="auto"), target, bare, None)
+    uncopyable = calibration.make_policy(TreeConfig(threshold="auto"), target, bare, None)
     assert uncopyable.latency.layer is None  # learnt from the steps instead
     assert uncopyable.max_nodes == 60 and uncopyable.plan().size is None
 
@@ -596,7 +596,7 @@ def test_auto_is_equal_to_greedy_generate(strategy):
                               draft_model=draft, nodes="auto", threshold="auto", strategy=strategy,
                               return_dict_in_generate=True)
         assert torch.equal(out.sequences, ref)
-        assert max(out.stats.tree_sizes) <= budget.AUTO_MAX_NODES
+        assert max(out.stats.tree_sizes) <= latency_module.AUTO_MAX_NODES
         assert all(t.width <= 32 for s in out.stats.steps for t in s.layers)
 
 
@@ -608,7 +608,7 @@ def test_auto_learns_an_uncopyable_drafters_cost_and_stays_lossless():
     out = target.generate(ids, max_new_tokens=16, do_sample=False, custom_generate=speculative_generate,
                           draft_model=drafter, nodes="auto", threshold="auto", return_dict_in_generate=True)
     assert torch.equal(out.sequences, ref)
-    learnt = budget.known_latency(target, drafter)
+    learnt = calibration.known_latency(target, drafter)
     assert learnt.layer is not None and math.isfinite(learnt.layer_time(4))
 
 
@@ -617,7 +617,7 @@ def test_steps_that_verify_the_root_alone_stay_lossless(monkeypatch):
     ids = torch.randint(3, 90, (1, 7), generator=torch.Generator().manual_seed(4))
     policy = RecordingPolicy(8)
     policy.plan = lambda: StepPlan(nodes=8, threshold=0.0, size=lambda path_probs: 0)  # auto's m = 0, every step
-    monkeypatch.setattr(integration.budget, "policy_maker", lambda *args: lambda: policy)
+    monkeypatch.setattr(integration.calibration, "policy_maker", lambda *args: lambda: policy)
     ref = target.generate(ids, max_new_tokens=12, do_sample=False)
     for draft in (target, "prompt_lookup"):
         out = target.generate(ids, max_new_tokens=12, do_sample=False, custom_generate=speculative_generate,
@@ -653,4 +653,4 @@ def test_auto_with_a_feature_head_is_calibrated_and_lossless(count_measures):
     out = target.generate(ids, max_new_tokens=16, do_sample=False, custom_generate=speculative_generate,
                           draft_model=head, nodes="auto", threshold="auto", return_dict_in_generate=True)
     assert torch.equal(out.sequences, ref)
-    assert len(count_measures) == 1 and budget.known_latency(target, head.for_target(target)).layer is not None
+    assert len(count_measures) == 1 and calibration.known_latency(target, head.for_target(target)).layer is not None

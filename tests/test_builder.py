@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from opttree import TreeConfig, build_opt_tree
-from opttree.builder import best_nodes
+from opttree.tree.builder import best_nodes
 
 VOCAB = 5
 

@@ -10,8 +10,8 @@ from transformers import DynamicCache
 from models import VOCAB, peaked, tiny_model
 from opttree import speculative_generate
 from opttree.drafters import MixedDrafter, ModelDrafter
-from opttree.hf_compat import with_cache
-from opttree.masks import verification_inputs
+from opttree.hf.compat import with_cache
+from opttree.tree.masks import verification_inputs
 from test_masks import path_logits, random_tree
 
 HALF = [torch.bfloat16, torch.float16]

@@ -21,7 +21,7 @@ from opttree.distill.cli import main  # noqa: E402
 from opttree.distill.data import DataConfig  # noqa: E402
 from opttree.distill.pipeline import PromptPlan, make_data  # noqa: E402
 from opttree.distill.train import TrainConfig, agreement, train_draft  # noqa: E402
-from opttree.hf_compat import with_cache  # noqa: E402
+from opttree.hf.compat import with_cache  # noqa: E402
 
 SPECIALS = ["<pad>", "<eos>", "<user>", "<bot>"]
 CHAT = "{% for m in messages %}<user>{{ m['content'] }}{% endfor %}<bot>"

@@ -9,8 +9,8 @@ import time
 import pytest
 import torch
 
-from opttree import fast_linear
-from opttree.fast_linear import MAX_ROWS, TRIALS, weight_major, weight_major_linear
+from opttree.hf import fast_linear
+from opttree.hf.fast_linear import MAX_ROWS, TRIALS, weight_major, weight_major_linear
 
 ORIGINAL = torch.nn.functional.linear
 
@@ -232,7 +232,7 @@ def test_a_model_the_kernel_cannot_help_gets_no_mode(dtype):
     rule (opttree.ties), float32 output for exact equality."""
     from models import tiny_model
     from opttree import speculative_generate
-    from opttree.ties import check_greedy
+    from opttree.tools.ties import check_greedy
 
     target, draft = tiny_model("llama", seed=0, dtype=dtype), tiny_model("llama", seed=1, dtype=dtype)
     prompt = torch.tensor([[1, 5, 9, 2]])

@@ -9,11 +9,12 @@ import pytest
 import torch
 import transformers as tf
 
-import opttree.integration as integration
+import opttree.integration.entry as integration
 from models import peaked, tiny_model
 from opttree import SpeculativeGenerator, TreeConfig, speculative, speculative_generate
-from opttree.budget import AutoPolicy, FixedPolicy
-from opttree.defaults import resolve
+from opttree.budget.latency import AutoPolicy
+from opttree.tree.plan import FixedPolicy
+from opttree.integration.defaults import resolve
 
 
 def pair():
@@ -27,7 +28,7 @@ def pair():
 def policies(monkeypatch):
     """Every policy generate() makes, in order (the real ones: the run goes on)."""
     made = []
-    real = integration.budget.policy_maker
+    real = integration.calibration.policy_maker
 
     def spy(config, *args, **kwargs):
         maker = real(config, *args, **kwargs)
@@ -39,7 +40,7 @@ def policies(monkeypatch):
 
         return make
 
-    monkeypatch.setattr(integration.budget, "policy_maker", spy)
+    monkeypatch.setattr(integration.calibration, "policy_maker", spy)
     return made
 
 

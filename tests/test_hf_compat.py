@@ -16,7 +16,7 @@ from transformers.utils import logging as hf_logging
 from models import peaked, tiny_model
 from opttree import SpeculativeGenerator, speculative, speculative_generate
 from opttree.drafters import Drafter, ModelDrafter
-from opttree.hf_compat import GENERATE_CACHE_NAME, NEW_CACHE_NAME, OLD_CACHE_NAME, forward_cache_name
+from opttree.hf.compat import GENERATE_CACHE_NAME, NEW_CACHE_NAME, OLD_CACHE_NAME, forward_cache_name
 
 HUB_FOLDER = str(Path(__file__).resolve().parents[1] / "hub")
 
@@ -186,7 +186,7 @@ def test_every_entry_point_streams_the_prompt_once_then_every_new_token_then_end
 
 
 def test_the_hub_folder_equals_plain_greedy_and_passes_the_tree_arguments(monkeypatch):
-    from opttree import integration
+    from opttree.integration import entry as integration
 
     target, draft, ids = pair()
     ref = target.generate(ids, max_new_tokens=15, do_sample=False)
@@ -224,7 +224,7 @@ def test_the_hub_folder_is_a_model_card_with_transformers_front_matter():
 
 @pytest.mark.parametrize("wrap", [False, True])
 def test_a_generator_takes_tree_arguments_per_call(wrap, monkeypatch):
-    from opttree import integration
+    from opttree.integration import entry as integration
 
     target, draft, ids = pair()
     ref = target.generate(ids, max_new_tokens=10, do_sample=False)

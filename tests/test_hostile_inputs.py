@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from models import peaked, tiny_model
-from opttree import TreeConfig, calibration, speculative_generate
-from opttree import config as config_module
+from opttree import TreeConfig, speculative_generate
+from opttree.budget import calibration
+from opttree.tree import config as config_module
 from opttree.distill import load_draft
 from opttree.distill.head import new_head, save_head
 from opttree.distill.model import init_draft, save_draft

@@ -8,8 +8,8 @@ from transformers import DynamicCache
 from models import FAMILIES, peaked, tiny_model
 from opttree import TreeConfig, build_opt_tree
 from opttree.drafters import ModelDrafter
-from opttree.hf_compat import with_cache
-from opttree.masks import verification_inputs
+from opttree.hf.compat import with_cache
+from opttree.tree.masks import verification_inputs
 from opttree.tree import DraftTree
 
 

@@ -16,7 +16,7 @@ from opttree.distill.head import new_head
 from opttree.drafters import Drafter, MixedDrafter, ModelDrafter, base, make_drafter
 from opttree.drafters.base import PerRow
 from opttree.drafters.batch_model import BatchModelDrafter
-from opttree.sampling import draft_to_probs
+from opttree.verify.sampling import draft_to_probs
 from test_batch import padded
 
 LENGTHS = {1: [7], 2: [7, 3], 4: [5, 9, 2, 6]}

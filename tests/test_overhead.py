@@ -13,7 +13,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from overhead import measure  # noqa: E402
 
-from opttree.overhead import OverheadCounter  # noqa: E402
+from opttree.tools.overhead import OverheadCounter  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -5,10 +5,10 @@ import pytest
 import torch
 
 from opttree import TreeConfig
-from opttree.builder import best_nodes
-from opttree.latency import AUTO_MAX_NODES, AutoPolicy, best_size, expected_speed
-from opttree.reliability import BINS, EDGES, ReliabilityMap, pool_adjacent_violators
-from opttree.stats import StepStats
+from opttree.tree.builder import best_nodes
+from opttree.budget.latency import AUTO_MAX_NODES, AutoPolicy, best_size, expected_speed
+from opttree.budget.reliability import BINS, EDGES, ReliabilityMap, pool_adjacent_violators
+from opttree.loop.stats import StepStats
 from opttree.tree import DraftTree
 from test_budget import CPU_LIKE, latency, step
 
@@ -147,8 +147,8 @@ def test_auto_keeps_its_choice_with_a_well_calibrated_draft():
 
 
 def test_a_layer_of_an_over_confident_draft_is_judged_on_calibrated_p():
-    from opttree.latency import layer_pays
-    from opttree.plan import LayerState
+    from opttree.budget.latency import layer_pays
+    from opttree.tree.plan import LayerState
 
     probs = torch.tensor([0.95, 0.9, 0.85, 0.8])  # a chain: the next node's p̂ ≈ 0.76
     state = LayerState(probs, torch.tensor([-1, 0, 1, 2]), 3, 1)

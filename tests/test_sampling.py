@@ -23,9 +23,10 @@ from transformers import (LogitsProcessorList, MaxLengthCriteria, RepetitionPena
                           StoppingCriteriaList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
 
 from opttree import TreeConfig, build_opt_tree, speculative_generate
-from opttree.generation import speculative_decode
-from opttree.sampling import build_sampled_tree, draft_to_probs, sample_children, slot_threshold
-from opttree.verify import Acceptance, verify
+from opttree.loop.generation import speculative_decode
+from opttree.tree.sampled import build_sampled_tree, sample_children, slot_threshold
+from opttree.verify.sampling import draft_to_probs
+from opttree.verify.walk import Acceptance, verify
 
 V = 5  # the synthetic world's vocabulary
 PROMPT = (1, 3)
@@ -224,7 +225,7 @@ def wrong_traversal(built, tree, logits, process, generator=None) -> Acceptance:
     """A WRONG Traversal Verification (negative control): after a rejection the parent's weight
     becomes min(1, R / (1 - Q(x))) instead of R / (R + 1 - α) — the update a public
     re-implementation uses."""
-    from opttree.sampling import _draw, _Laws, _residual, _uniform
+    from opttree.verify.sampling import _draw, _Laws, _residual, _uniform
 
     laws = _Laws(built, tree, logits, process)
 
@@ -249,7 +250,7 @@ def wrong_traversal(built, tree, logits, process, generator=None) -> Acceptance:
 
 
 def test_a_subtly_wrong_traversal_fails_the_same_test(monkeypatch):
-    from opttree import sampling
+    from opttree.verify import sampling
 
     monkeypatch.setitem(sampling.SAMPLING_VERIFIERS, "traversal", wrong_traversal)
     stat, critical, _ = run_world("traversal", "sampled", "without_replacement", "t0.7", False)
@@ -356,7 +357,7 @@ def test_end_to_end_two_tokens_have_the_target_law(verifier, strategy, kind, agr
             law[(a, b)] = pa * float(law_b[b])
     config = TreeConfig(nodes=6, max_depth=3, threshold=0.0, strategy=strategy, verifier=verifier)
     from opttree.drafters import ModelDrafter
-    from opttree import kv_cache
+    from opttree.hf import kv_cache
 
     stop = StoppingCriteriaList([MaxLengthCriteria(max_length=len(prompt) + 2)])
     g = torch.Generator().manual_seed(0)

@@ -5,10 +5,11 @@ import torch
 
 from models import peaked, tiny_model
 from opttree import TreeConfig, speculative_generate
-from opttree.builder import build_opt_tree
-from opttree.config import STRATEGIES
-from opttree.static_trees import BINARY_DEPTH_3, EAGLE_STYLE_25, EAGLE_STYLE_60, NAMED_TREES, check_paths, positional_tree
-from opttree.strategies import BUILDERS, build_heap_tree, build_tree, keep_best
+from opttree.tree.builder import build_opt_tree
+from opttree.tree.config import STRATEGIES
+from opttree.tree.static_trees import (BINARY_DEPTH_3, EAGLE_STYLE_25, EAGLE_STYLE_60, NAMED_TREES, check_paths,
+                                       positional_tree)
+from opttree.tree.strategies import BUILDERS, build_heap_tree, build_tree, keep_best
 from test_builder import brute_force_best, synthetic_probs
 
 
@@ -160,7 +161,7 @@ def test_chain_is_one_greedy_path():
 
 @pytest.mark.parametrize("delay", [1, 2, 3])
 def test_delayed_branches_only_below_its_path(delay):
-    from opttree.strategies import build_delayed_tree
+    from opttree.tree.strategies import build_delayed_tree
 
     built = build_delayed_tree(synthetic_probs(()), StrictDrafter(), TreeConfig(nodes=12, threshold=0.0, max_depth=6),
                                delay=delay)

@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from models import FAMILIES, VOCAB, peaked, tiny_model
-from opttree import generation, speculative_generate
-from opttree.ties import (TIE_EPS_MULTIPLE, Outcome, check_greedy, classify, gap_in_ulps, is_exact, plain_greedy,
+from opttree import speculative_generate
+from opttree.loop import generation
+from opttree.tools.ties import (TIE_EPS_MULTIPLE, Outcome, check_greedy, classify, gap_in_ulps, is_exact, plain_greedy,
                           tie_bound)
 
 HALF = [torch.bfloat16, torch.float16]

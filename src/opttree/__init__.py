@@ -1,7 +1,5 @@
 """opttree: lossless speculative decoding with adaptive draft trees for HF transformers."""
 
-from .builder import BuiltTree, build_opt_tree
-from .config import TreeConfig
 from .integration import (
     SpeculativeDecoderOnlyOutput,
     SpeculativeGenerationMixin,
@@ -9,8 +7,10 @@ from .integration import (
     speculative,
     speculative_generate,
 )
-from .stats import GenerationStats, StepStats
+from .loop.stats import GenerationStats, StepStats
 from .tree import DraftTree
+from .tree.builder import BuiltTree, build_opt_tree
+from .tree.config import TreeConfig
 
 __all__ = [
     "BuiltTree", "DraftTree", "GenerationStats", "SpeculativeDecoderOnlyOutput", "SpeculativeGenerationMixin",

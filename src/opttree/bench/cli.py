@@ -10,8 +10,8 @@ from pathlib import Path
 
 import torch
 
-from ..config import STRATEGIES, VERIFIERS
 from ..drafters.make import is_draft_model
+from ..tree.config import STRATEGIES, VERIFIERS
 from .methods import HF_METHODS, METHODS, parse_tree_spec
 from .questions import CATEGORIES, QUICK_QUESTIONS, SPEC_BENCH_URL, TASKS, load_questions, select_questions
 
@@ -78,7 +78,8 @@ def parser(prog: str = "python -m opttree.bench") -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per answer; --quick: 16")
     p.add_argument("--max-turns", type=int, default=None, help="turns per question; default: all")
     p.add_argument("--warmup", type=int, default=1, help="untimed runs of every method before measuring")
-    tree = p.add_argument_group("opttree's tree (none given: nodes and threshold 'auto', see opttree.defaults)")
+    tree = p.add_argument_group("opttree's tree (none given: nodes and threshold 'auto', "
+                                "see opttree.integration.defaults)")
     tree.add_argument("--nodes", type=_or_auto(int), default=None, help="node budget, or 'auto'")
     tree.add_argument("--threshold", type=_or_auto(float), default=None, help="δ, or 'auto'")
     tree.add_argument("--max-depth", type=int, default=None, help="deepest tree layer; default: TreeConfig's (10)")

@@ -2,7 +2,7 @@
 
 * ``plain``: ``generate()`` itself, the reference every other method must reproduce exactly;
 * ``plain-wm`` (also ``assisted-wm``, ``lookup-wm``): the HF method inside
-  :func:`opttree.fast_linear.weight_major`, the few-row linear kernel opttree's loop runs under:
+  :func:`opttree.hf.fast_linear.weight_major`, the few-row linear kernel opttree's loop runs under:
   it shows how much of opttree's speed-up that kernel alone gives;
 * ``assisted``: HF assisted generation with the same draft (``assistant_model=``), a chain draft;
 * ``lookup``: HF prompt lookup decoding (``prompt_lookup_num_tokens=``), no draft model;
@@ -22,11 +22,11 @@ from typing import Callable
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
-from ..fast_linear import weight_major
-from ..defaults import TREE_ARGS, given_settings, resolve
 from ..drafters.make import is_draft_model
-from ..integration import speculative_generate
-from ..stats import GenerationStats
+from ..hf.fast_linear import weight_major
+from ..integration.defaults import TREE_ARGS, given_settings, resolve
+from ..integration.entry import speculative_generate
+from ..loop.stats import GenerationStats
 
 METHODS = ("plain", "plain-wm", "assisted", "lookup", "opttree")  # the default set
 HF_METHODS = ("plain", "assisted", "lookup")  # each also as "<name>-wm"
@@ -95,13 +95,13 @@ def plain_method(target) -> Method:
 
 
 def with_kernel(method: Method, *models) -> Method:
-    """``method`` run inside :func:`~opttree.fast_linear.weight_major` (off unless one of ``models``
+    """``method`` run inside :func:`~opttree.hf.fast_linear.weight_major` (off unless one of ``models``
     is a float32 CPU model, as in opttree's loop), named ``<name>-wm``."""
     def generate(input_ids, max_new_tokens):
         with weight_major(*models):
             return method.generate(input_ids, max_new_tokens)
 
-    return Method(f"{method.name}-wm", generate, {**method.settings, "linear": "opttree.fast_linear"},
+    return Method(f"{method.name}-wm", generate, {**method.settings, "linear": "opttree.hf.fast_linear"},
                   method.uses_draft)
 
 
@@ -132,7 +132,7 @@ def opttree_method(target, draft, name: str = "opttree", **tree) -> Method:
     unknown = set(tree) - set(TREE_ARGS)
     if unknown:
         raise ValueError(f"unknown tree settings {sorted(unknown)}; known: {', '.join(TREE_ARGS)}")
-    config = resolve(given_settings(**tree))  # validates now; what one prompt runs with (opttree.defaults)
+    config = resolve(given_settings(**tree))  # validates now; what one prompt runs with (opttree.integration.defaults)
 
     def generate(input_ids, max_new_tokens):
         out = target.generate(input_ids, custom_generate=speculative_generate, draft_model=draft,

@@ -74,7 +74,7 @@ def plot_accept_lengths(result: Results, path: Path) -> Path:
 
 
 def plot_expected(result: Results, path: Path) -> Path | None:
-    from ..viz import plot_expected_vs_accepted
+    from ..tools.viz import plot_expected_vs_accepted
 
     methods = [m for m in result.methods if any(r.method == m and r.expected_lengths for r in result.records)]
     if not methods:

@@ -4,7 +4,7 @@ the report that writes them and the plots that draw them: the runner imports the
 the plots, all three this module, and this module none of them.
 
 Definitions (Spec-Bench's, greedy, batch 1): see :mod:`opttree.bench.report`. A turn's ``verdict``
-is :mod:`opttree.ties`'s: ``equal`` (plain's tokens), ``tie`` (a bf16/fp16 output that leaves plain's
+is :mod:`opttree.tools.ties`'s: ``equal`` (plain's tokens), ``tie`` (a bf16/fp16 output that leaves plain's
 only at near-ties of the target's own scores) or ``mismatch`` (an error; in float32 any difference).
 """
 
@@ -14,7 +14,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from ..ties import Outcome
+from ..tools.ties import Outcome
 
 REFERENCE = "plain"  # the method every other one is checked against
 ALL = "all"  # the summary group over every category
@@ -38,7 +38,7 @@ class TurnRecord:
     text: str = ""
     matches_plain: bool | None = None  # the tokens equal plain's (None for the reference itself)
     first_mismatch: int | None = None  # index of the first new token that differs from plain's
-    verdict: str | None = None  # "equal", "tie" or "mismatch" (opttree.ties.Outcome); None for the reference
+    verdict: str | None = None  # "equal", "tie" or "mismatch" (opttree.tools.ties.Outcome); None for the reference
     ties: list[dict] = field(default_factory=list)  # each tie's step, expected, got, gap, bound (ties.Divergence)
     expected_lengths: list[float] = field(default_factory=list)  # opttree: E(A) of each step's tree
     accepted: list[int] = field(default_factory=list)  # opttree: draft tokens accepted per step
@@ -68,7 +68,7 @@ class Summary:
     tau: float  # mean tokens per decoding step
     step_cost: float  # mean time of one decoding step / plain's mean time per token: speedup = τ / step_cost
     equal: int  # turns whose tokens equal plain generate()'s
-    ties: int  # turns that leave plain's tokens only at near-ties (bf16/fp16; opttree.ties)
+    ties: int  # turns that leave plain's tokens only at near-ties (bf16/fp16; opttree.tools.ties)
     mean_expected_length: float | None = None  # opttree: mean E(A) per step
     mean_tree_size: float | None = None
     draft_share: float | None = None  # opttree: drafting time / (drafting + verifying)

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from ..drafters.mixed import MixedDrafter
-from ..ties import TIE_EPS_MULTIPLE, Outcome
+from ..tools.ties import TIE_EPS_MULTIPLE, Outcome
 from .plots import write_plots
 from .records import ALL, REFERENCE, Summary, TurnRecord, summarise
 
@@ -64,7 +64,8 @@ def environment(target, draft, *, seed: int = 0) -> dict:
     """Hardware, versions, threads, dtype and seed: what a timing depends on."""
     import transformers
 
-    from .. import __version__, fast_linear
+    from .. import __version__
+    from ..hf import fast_linear
 
     env = {
         "date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
@@ -146,7 +147,7 @@ class BenchResult:
     @property
     def ok(self) -> bool:
         """True when every method reproduced plain greedy generate() on every turn, up to near-ties
-        in bf16/fp16 (:mod:`opttree.ties`); False on any mismatch."""
+        in bf16/fp16 (:mod:`opttree.tools.ties`); False on any mismatch."""
         return not self.mismatches
 
     @property

@@ -6,7 +6,7 @@ during the run affects every method alike. Turn k+1 continues the conversation w
 method's answer to turn k, so that all methods see the same context. Every method's tokens are
 compared with plain generate()'s: a speedup with a different answer is a failure, except, for a
 bfloat16 or float16 target, where the answer leaves plain's only at near-ties of the target's own
-scores (:mod:`opttree.ties`: the difference of rounding between a tree forward and a one-token one).
+scores (:mod:`opttree.tools.ties`: the difference of rounding between a tree forward and a one-token one).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..ties import Outcome, Verdict, check_greedy, classify, is_exact, plain_greedy
-from ..ties import first_divergence as first_difference
+from ..tools.ties import Outcome, Verdict, check_greedy, classify, is_exact, plain_greedy
+from ..tools.ties import first_divergence as first_difference
 from .methods import Method, greedy_kwargs, make_methods
 from .questions import Question, as_question, prompt_ids
 from .records import REFERENCE, TurnRecord
@@ -32,7 +32,7 @@ def judge(target, input_ids: torch.Tensor, tokens: list[int], plain_tokens: list
           max_new_tokens: int) -> Verdict:
     """A method's new tokens against plain's. Where they differ and the target is bfloat16 or
     float16, plain generate() is rerun (untimed) with its scores kept, and the difference judged by
-    :func:`opttree.ties.check_greedy`; in float32 any difference is a mismatch.
+    :func:`opttree.tools.ties.check_greedy`; in float32 any difference is a mismatch.
     input_ids: [1, T] long, the turn's prompt."""
     if tokens == plain_tokens or is_exact(target.dtype):
         return classify(plain_tokens, tokens, None, target.dtype)

@@ -1,32 +1,17 @@
-"""How big a tree each step drafts and verifies: one explicit seam, :class:`BudgetPolicy`.
+"""The budget: how big a tree each step can afford, ``nodes="auto"`` / ``threshold="auto"``.
 
-This module only gathers the names of three others (import from here or from them):
+The loop asks a budget policy for each step's plan and tells it what the step cost; the seam
+itself (:class:`~opttree.tree.plan.StepPlan`, :class:`~opttree.tree.plan.BudgetPolicy`, the fixed
+policy) lives with the tree builders that read it, in :mod:`opttree.tree.plan`. This folder holds
+the measured policy:
 
-* :mod:`opttree.plan`: the seam builders and the loop use (:class:`StepPlan`, :class:`LayerState`,
-  :class:`BudgetPolicy`, :class:`FixedPolicy`); nothing heavy imported;
-* :mod:`opttree.latency`: ``nodes="auto"`` / ``threshold="auto"``: the :class:`LatencyModel`, the
-  pure decisions on it (speed(m), the next layer's guess, the width cap) and :class:`AutoPolicy`;
-* :mod:`opttree.calibration`: measuring the latency model, its on-disk cache (thread-safe),
-  and :func:`policy_maker` / :func:`make_policy`, the loop's entry point.
+* :mod:`.latency`: the :class:`~.latency.LatencyModel` (T(n), c(w)), the pure decisions on it and
+  :class:`~.latency.AutoPolicy`;
+* :mod:`.reliability`: how far the draft's p̂ is to be trusted, learnt online;
+* :mod:`.calibration`: timing the pair on this machine, the on-disk cache, and
+  :func:`~.calibration.policy_maker`, the entry the generate() face calls;
+* :mod:`.calibration_file`: what a cache file must hold before any of it is used.
+
+May import: :mod:`opttree.tree`, :mod:`opttree.hf`, and :mod:`opttree.drafters` (calibration times
+a drafter through its interface). Imported by: :mod:`opttree.integration` only.
 """
-
-from __future__ import annotations
-
-from .calibration import (CALIBRATION_PREFIX, CALIBRATION_VERSION, DRAFT_WIDTHS, MIN_CALIBRATION_PREFIX, REPEATS,
-                          VERIFY_SIZES, cache_dir, cache_mode, calibrate, calibration_key, calibration_prefix,
-                          clear_calibrations, drafter_fingerprint, from_json, known_latency, lower_envelope,
-                          make_policy, measure, policy_maker, measure_drafter, measure_verify, model_fingerprint, read_cached,
-                          to_json, write_cached)
-from .latency import (AUTO_MAX_NODES, MIN_WIDTH, REFRESH, SIZE_REFRESH, START_SIZE, WIDTH_PER_NODE, AffineFit,
-                      AutoPolicy, LatencyModel, LatencyTable, best_choice, best_size, expected_speed, layer_pays,
-                      layer_width, next_layer_guess)
-from .plan import BudgetPolicy, FixedPolicy, LayerState, StepPlan
-
-__all__ = ["AUTO_MAX_NODES", "AffineFit", "AutoPolicy", "BudgetPolicy", "CALIBRATION_PREFIX", "CALIBRATION_VERSION",
-           "DRAFT_WIDTHS", "FixedPolicy", "LatencyModel", "LatencyTable", "LayerState", "MIN_CALIBRATION_PREFIX",
-           "MIN_WIDTH", "REFRESH", "REPEATS", "SIZE_REFRESH", "START_SIZE", "StepPlan", "VERIFY_SIZES",
-           "WIDTH_PER_NODE", "best_choice", "best_size", "cache_dir", "cache_mode", "calibrate", "calibration_key",
-           "calibration_prefix", "clear_calibrations", "drafter_fingerprint", "expected_speed", "from_json",
-           "known_latency", "layer_pays", "layer_width", "lower_envelope", "make_policy", "measure",
-           "measure_drafter", "measure_verify", "model_fingerprint", "next_layer_guess", "policy_maker", "read_cached", "to_json",
-           "write_cached"]

@@ -1,4 +1,4 @@
-"""Calibration of the latency model (:class:`~opttree.latency.LatencyModel`) and its on-disk cache.
+"""Calibration of the latency model (:class:`~opttree.budget.latency.LatencyModel`) and its on-disk cache.
 
 T(n) is timed on the target for a few n; the drafter is timed through its own protocol
 (``root_probs`` / ``expand`` over w nodes / ``commit``) on a scratch drafter made for the purpose,
@@ -11,7 +11,7 @@ Measurements are cached on disk per (target, drafter, device, dtype, torch threa
 ``$OPTTREE_CALIBRATION_DIR`` (default ``$OPTTREE_CACHE/calibration``, i.e.
 ``~/.cache/opttree/calibration``); ``OPTTREE_CALIBRATION=off`` neither reads nor writes it,
 ``OPTTREE_CALIBRATION=refresh`` measures again and overwrites it. A file that cannot be used (not
-JSON, or times no measurement gives: :mod:`opttree.calibration_file`) is named in a warning,
+JSON, or times no measurement gives: :mod:`opttree.budget.calibration_file`) is named in a warning,
 measured again and rewritten.
 """
 
@@ -29,15 +29,15 @@ from typing import Callable
 
 import torch
 
-from . import fast_linear
+from ..drafters.base import Drafter
+from ..hf import fast_linear
+from ..hf.compat import with_cache
+from ..tree.config import TreeConfig
+from ..tree.draft_tree import DraftTree
+from ..tree.masks import verification_inputs
+from ..tree.plan import BudgetPolicy, FixedPolicy
 from .calibration_file import parse_document, parse_latency
-from .config import TreeConfig
-from .drafters.base import Drafter
-from .hf_compat import with_cache
 from .latency import AutoPolicy, LatencyModel, LatencyTable
-from .masks import verification_inputs
-from .plan import BudgetPolicy, FixedPolicy
-from .tree import DraftTree
 
 logger = logging.getLogger(__name__)
 
@@ -145,7 +145,7 @@ def to_json(latency: LatencyModel) -> dict:
 
 def from_json(data: dict) -> LatencyModel:
     """The LatencyModel of :func:`to_json`'s form; ValueError when it holds anything measuring
-    would not write (see :mod:`opttree.calibration_file`)."""
+    would not write (see :mod:`opttree.budget.calibration_file`)."""
     return parse_latency(data)
 
 
@@ -207,7 +207,7 @@ def measure_verify(target, sizes=VERIFY_SIZES, prefix: int = CALIBRATION_PREFIX,
     """T(n) for each n in ``sizes``: one target forward over a root and n tree nodes (children of
     the root) on a ``prefix``-token cache, cropped back after each. The sizes take turns within
     each round, so a burst of load hits them alike; the first round warms up; medians."""
-    from . import kv_cache
+    from ..hf import kv_cache
 
     device, vocab = target.device, int(target.get_input_embeddings().weight.shape[0])
     times: dict[int, list[float]] = {n: [] for n in sizes}
@@ -243,7 +243,7 @@ def measure_drafter(drafter, vocab: int, device, widths=DRAFT_WIDTHS, prefix: in
     roots: list[float] = []
     layers: dict[int, list[float]] = {w: [] for w in widths}
 
-    def features(n: int) -> None:  # as generation.py: the prompt's but the root's, then 1 + accepted per step
+    def features(n: int) -> None:  # as the loop does: the prompt's but the root's, then 1 + accepted per step
         if drafter.wants_hidden_states:
             drafter.add_features(torch.zeros(n, hidden_size, device=device))
 
@@ -286,7 +286,7 @@ def lower_envelope(times) -> tuple[float, ...]:
 def measure(target, new_drafter: Callable[[], object] | None, prefix: int = CALIBRATION_PREFIX) -> LatencyModel:
     """A fresh LatencyModel: T(n) on the target; the drafter through a scratch one from
     ``new_drafter()`` (without one, or if timing it fails, the draft cost is learnt from the steps)."""
-    from .validation import vocab_size
+    from ..hf.validation import vocab_size
 
     verify = LatencyTable(VERIFY_SIZES, lower_envelope(measure_verify(target, prefix=prefix)))
     latency = LatencyModel(verify=verify)
@@ -334,7 +334,7 @@ def calibrate(target, drafter=None, new_drafter: Callable[[], object] | None = N
             return known
         latency = read_cached(key, folder) if mode == "on" else None
         if latency is None:
-            with fast_linear.weight_major(target, drafter):  # as the decoding loops run (integration.py)
+            with fast_linear.weight_major(target, drafter):  # as the decoding loops run (integration/entry.py)
                 latency = measure(target, new_drafter, prefix)
             if mode != "off":
                 write_cached(key, latency, folder)
@@ -349,7 +349,7 @@ _ROOM = max(max(VERIFY_SIZES), max(DRAFT_WIDTHS)) + (REPEATS + 1) * len(DRAFT_WI
 def calibration_prefix(target, drafter=None) -> int | None:
     """The cached tokens under the timed forwards: CALIBRATION_PREFIX, less where the target's or
     the drafter's context is shorter; None where even MIN_CALIBRATION_PREFIX does not fit."""
-    from .validation import context_length
+    from ..hf.validation import context_length
 
     limits = [x for x in (context_length(target), None if drafter is None else drafter.context_length) if x]
     prefix = min([CALIBRATION_PREFIX] + [limit - _ROOM for limit in limits])

@@ -1,6 +1,6 @@
 """What a calibration cache file must hold, checked before any of it is used.
 
-A file under the calibration folder (:mod:`opttree.calibration`) is JSON that anything may have
+A file under the calibration folder (:mod:`opttree.budget.calibration`) is JSON that anything may have
 written, truncated or edited: ``{"key": <the calibration key>, "latency": {"verify": TABLE,
 "layer": TABLE or null, "root_seconds": S}}``, a TABLE being ``{"sizes": [...], "seconds": [...]}``.
 It is used only when it is what measuring writes: tables of strictly increasing integer sizes
@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 
-from .config import MAX_NODES
+from ..tree.config import MAX_NODES
 from .latency import LatencyModel, LatencyTable
 
 MIN_SECONDS = 1e-9  # no measured forward is faster than a nanosecond (smaller times underflow the fit)

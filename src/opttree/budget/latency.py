@@ -8,7 +8,7 @@ threshold δ open. On a GPU verifying 60 nodes costs about one token; on a CPU i
 
 E_m  = the expected number of accepted nodes among the m most probable: the sum of their
        CALIBRATED p̂, r(p̂), over the top-m nodes by p̂ (they form a valid tree for every m; +1 is
-       the bonus token). r is the pair's :class:`~opttree.reliability.ReliabilityMap`, learnt from
+       the bonus token). r is the pair's :class:`~opttree.budget.reliability.ReliabilityMap`, learnt from
        every verified tree (how often nodes of a given p̂ were really accepted); it starts as the
        identity (E_m = Σp̂, OPT-Tree's E(A)) and is non-decreasing in p̂, so ranking by p̂ and by
        r(p̂) agree and an over-confident draft gets smaller trees,
@@ -27,7 +27,7 @@ twice the recent verified tree size (:func:`layer_width`), so a step never pays 
 it then prunes.
 
 The :class:`LatencyModel` holds T(n), c(w), the rest of a step and the reliability map, measured by
-:mod:`opttree.calibration` and refreshed from every step (T(n) as scale × table + offset, by
+:mod:`opttree.budget.calibration` and refreshed from every step (T(n) as scale × table + offset, by
 exponentially weighted least squares; c(w) by a scale; the rest of a step by an average; the map
 from the verified tree and its accepted nodes). Its refresh runs under the model's own lock:
 decodes in several threads share one model per pair. T(1 … m) + the rest of a step is a slice of
@@ -44,8 +44,8 @@ from typing import Callable
 
 import torch
 
-from .config import TreeConfig
-from .plan import LayerState, StepPlan
+from ..tree.config import TreeConfig
+from ..tree.plan import LayerState, StepPlan
 from .reliability import ReliabilityMap
 
 AUTO_MAX_NODES = 64  # the largest tree "auto" will ever verify (the pool budget)
@@ -125,7 +125,7 @@ class LatencyModel:
     overhead: float = 0.0  # the rest of a step (cache surgery, commit, stopping criteria), learnt
     # p̂ -> P(accepted), learnt from the verified trees (AutoPolicy.observe); kept per pair, not on disk
     reliability: ReliabilityMap = dataclasses.field(default_factory=ReliabilityMap, repr=False, compare=False)
-    # held by every refresh: concurrent decodes of one pair share this object (opttree.calibration)
+    # held by every refresh: concurrent decodes of one pair share this object (opttree.budget.calibration)
     lock: threading.RLock = dataclasses.field(default_factory=threading.RLock, repr=False, compare=False)
     # (verify table, scale, offset, overhead) -> [>= AUTO_MAX_NODES] T(1 …) + overhead; see step_times
     _times: tuple | None = dataclasses.field(default=None, init=False, repr=False, compare=False)

@@ -1,4 +1,15 @@
-"""Drafters: what proposes the draft distributions a tree is grown from."""
+"""Drafters: what proposes the draft distributions a tree is grown from.
+
+* :mod:`.base`: the interface the loop talks to (``Drafter``, ``DrafterRows``, ``PerRow``);
+* :mod:`.model`, :mod:`.batch_model`: a draft model, one row or a batch of rows per forward;
+* :mod:`.feature_head`: an EAGLE-style head on the target's features; :mod:`.ngram`: prompt lookup;
+  :mod:`.mixed`: two drafters as one; :mod:`.truncated`: a stand-in draft cut from the target;
+* :mod:`.make`: ``draft_model=`` -> a drafter, and the checks of a draft model against its target.
+
+May import: :mod:`opttree.tree`, :mod:`opttree.hf`; and, lazily, :func:`opttree.distill.load_draft`
+(``make.py`` loads a draft folder written by ``opttree distill``, the one import up the house).
+Imported by the loop, the budget's calibration and the face.
+"""
 
 from __future__ import annotations
 

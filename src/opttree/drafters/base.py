@@ -32,7 +32,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..tree import DraftTree
+from ..tree.draft_tree import DraftTree
 
 ToProbs = Callable[[torch.Tensor], torch.Tensor]  # draft logits [k, vocab] float32 -> probabilities [k, vocab]
 

@@ -1,5 +1,5 @@
 """A draft model over the rows of a batch: ONE draft forward per step's catch-up and per tree
-layer serves every row (the rows' tree builders run in lockstep, lockstep.py).
+layer serves every row (the rows' tree builders run in lockstep, loop/lockstep.py).
 
 The rows share the cache's slots. ``valid`` [B, L] marks the slots holding each row's committed
 tokens; anything else (a row's unused slots, dummy inputs) is a hole its mask hides. A row's
@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from .. import kv_cache
-from ..hf_compat import with_cache
-from ..masks import batch_forward_inputs, row_visibility
-from ..rows import worth_compacting
+from ..hf import kv_cache
+from ..hf.compat import with_cache
+from ..tree.masks import batch_forward_inputs, row_visibility
 from .base import DrafterRows, ToProbs
 
 def input_device(model) -> torch.device:
@@ -139,7 +138,7 @@ class BatchModelDrafter(DrafterRows):
         self.valid = torch.cat([self.valid[:, :self.step_start], real], dim=1)
         self.seen = [seen + len(row) for seen, row in zip(self.seen, kept)]
         self.slots = [{} for _ in kept]
-        if worth_compacting(self.valid):  # squeeze the holes out of the cache
+        if kv_cache.worth_compacting(self.valid):  # squeeze the holes out of the cache
             self.valid = kv_cache.compact_rows(self.cache, self.valid)
             self.step_start = self.valid.shape[1]
 

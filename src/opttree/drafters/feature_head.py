@@ -29,8 +29,8 @@ from typing import Callable
 import torch
 from torch import nn
 
-from ..masks import additive_mask
-from ..tree import DraftTree
+from ..tree.draft_tree import DraftTree
+from ..tree.masks import additive_mask
 from .base import Drafter, ToProbs
 
 

@@ -1,4 +1,5 @@
-"""``draft_model=`` -> the drafter one generate() call uses (any form the README lists)."""
+"""``draft_model=`` -> the drafter one generate() call uses (any form the README lists), and the checks
+of a draft model against its target (a draft folder of ``opttree distill`` loaded the wrong way included)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from ..validation import check_pair, context_length
+from ..hf.validation import check_attention, context_length, vocab_size
 from .base import Drafter, ToProbs
 from .feature_head import FeatureHead, FeatureHeadDrafter
 from .model import ModelDrafter
@@ -58,3 +59,41 @@ def make_drafter(draft, target, to_probs: ToProbs | None = None) -> Drafter:
         )
     check_pair(target, draft)
     return ModelDrafter(draft, to_probs, context_length(draft))
+
+
+def check_pair(target, draft, tokenizer=None, draft_tokenizer=None) -> None:
+    """The draft must share the target's vocabulary and both must accept tree masks."""
+    if getattr(target.config, "is_encoder_decoder", False) or getattr(draft.config, "is_encoder_decoder", False):
+        raise NotImplementedError("opttree supports decoder-only causal LMs; encoder-decoder models are not supported")
+    check_assembled_draft(draft)
+    check_attention(target, "target")
+    check_attention(draft, "draft")
+    t, d = vocab_size(target), vocab_size(draft)
+    if t != d:
+        raise ValueError(
+            f"the draft and target vocabularies differ (target has {t} output tokens, draft {d}); "
+            "the draft must use the target's tokenizer — pick a draft from the same model family "
+            "or train one with `opttree distill`"
+        )
+    if tokenizer is not None and draft_tokenizer is not None and tokenizer.get_vocab() != draft_tokenizer.get_vocab():
+        raise ValueError(
+            "the draft's tokenizer maps tokens to different ids than the target's; "
+            "the draft must use the target's tokenizer"
+        )
+
+
+def check_assembled_draft(draft) -> None:
+    """A draft saved by ``opttree distill`` stores only its own weights: loaded with from_pretrained,
+    its embedding and output head stay random (it then runs, but drafts noise). Refuse it."""
+    from ..distill.model import META_FILE, ReducedVocabHead
+
+    source = str(draft.config.name_or_path or "")
+    if not source or not (Path(source) / META_FILE).is_file():
+        return
+    if isinstance(draft.get_output_embeddings(), ReducedVocabHead):
+        return
+    raise ValueError(
+        f"{source} is an opttree draft: it takes its embedding and output rows from the target, so "
+        "from_pretrained() leaves them random. Load it with opttree.distill.load_draft(path, target), "
+        "or pass the folder itself: draft_model=path"
+    )

@@ -4,7 +4,7 @@ q = weight · q_ngram + (1 − weight) · q_model wherever the n-gram drafter fo
 q_model alone where it found none (its row is all zeros there). The tree then holds the model's
 likely tokens and the text's repeated continuations side by side, ranked by one p̂. Lossless
 whatever the mixture: verification never trusts q, it only checks the tokens drafted from it
-(verify.py). Both drafters see every call (the n-gram one is model-free, so this costs nothing but
+(opttree.verify). Both drafters see every call (the n-gram one is model-free, so this costs nothing but
 the lookups) and keep their own state.
 """
 
@@ -14,7 +14,7 @@ from typing import Sequence
 
 import torch
 
-from ..tree import DraftTree
+from ..tree.draft_tree import DraftTree
 from .base import Drafter, ToProbs
 from .make import make_drafter
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import torch
 
-from .. import kv_cache
-from ..hf_compat import with_cache
-from ..masks import tree_forward_inputs
-from ..tree import DraftTree
+from ..hf import kv_cache
+from ..hf.compat import with_cache
+from ..tree.draft_tree import DraftTree
+from ..tree.masks import tree_forward_inputs
 from .base import Drafter, DrafterRows, ToProbs
 from .batch_model import BatchModelDrafter, input_device
 

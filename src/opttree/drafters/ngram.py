@@ -5,7 +5,7 @@ generate()) copies the tokens that followed the last occurrence of the text's fi
 every earlier occurrence counts: the draft's q for the token after a context is the empirical
 frequency of each token that followed the context's last n tokens in the prompt and the text
 generated so far, for the largest n ≤ ``max_ngram`` (down to ``min_ngram``) that occurs at all.
-Several continuations give several children, and OPT-Tree (builder.py) keeps the likeliest paths
+Several continuations give several children, and OPT-Tree (tree/builder.py) keeps the likeliest paths
 by p̂ = the product of these frequencies. A context whose suffix never occurred gets q = 0
 everywhere: the builder drafts nothing there, and the step emits only the target's own token.
 
@@ -20,7 +20,7 @@ from collections import Counter, defaultdict
 
 import torch
 
-from ..tree import DraftTree
+from ..tree.draft_tree import DraftTree
 from .base import Drafter, ToProbs
 
 
@@ -45,7 +45,7 @@ class PromptLookupDrafter(Drafter):
     def bind(self, target, to_probs: ToProbs | None) -> "PromptLookupDrafter":
         """A fresh drafter (empty index) with the target's vocabulary size: one per generate() call.
         (Its q are counted frequencies, not logits: sampling's warpers do not apply.)"""
-        from ..validation import vocab_size
+        from ..hf.validation import vocab_size
 
         return PromptLookupDrafter(self.max_ngram, self.min_ngram, vocab_size(target))
 

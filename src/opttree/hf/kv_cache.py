@@ -12,7 +12,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
-from .hf_compat import GENERATE_CACHE_NAME
+from .compat import GENERATE_CACHE_NAME
 
 
 def new_cache(model) -> DynamicCache:
@@ -103,6 +103,18 @@ def select(cache: DynamicCache, rows: torch.Tensor, columns: torch.Tensor | None
             if hasattr(layer, "cumulative_length"):  # sliding-window layers count their slots
                 layer.cumulative_length = keys.shape[-2]
         layer.keys, layer.values = keys, values
+
+
+# Squeeze the holes out of a cache (the target's, a batched draft's) once they make up this share of
+# its slots beyond the longest row's: holes cost attention over slots no row reads, compacting costs one copy.
+COMPACT_SHARE = 0.25
+COMPACT_MIN_HOLES = 16
+
+
+def worth_compacting(valid: torch.Tensor) -> bool:
+    """valid: [R, L] bool, each row's used slots."""
+    holes = valid.shape[1] - int(valid.sum(dim=1).max())
+    return holes >= max(COMPACT_MIN_HOLES, COMPACT_SHARE * valid.shape[1])
 
 
 def compact_rows(cache: DynamicCache, valid: torch.Tensor) -> torch.Tensor:

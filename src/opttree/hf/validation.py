@@ -35,27 +35,6 @@ def check_attention(model, role: str) -> None:
         )
 
 
-def check_pair(target, draft, tokenizer=None, draft_tokenizer=None) -> None:
-    """The draft must share the target's vocabulary and both must accept tree masks."""
-    if getattr(target.config, "is_encoder_decoder", False) or getattr(draft.config, "is_encoder_decoder", False):
-        raise NotImplementedError("opttree supports decoder-only causal LMs; encoder-decoder models are not supported")
-    check_assembled_draft(draft)
-    check_attention(target, "target")
-    check_attention(draft, "draft")
-    t, d = vocab_size(target), vocab_size(draft)
-    if t != d:
-        raise ValueError(
-            f"the draft and target vocabularies differ (target has {t} output tokens, draft {d}); "
-            "the draft must use the target's tokenizer — pick a draft from the same model family "
-            "or train one with `opttree distill`"
-        )
-    if tokenizer is not None and draft_tokenizer is not None and tokenizer.get_vocab() != draft_tokenizer.get_vocab():
-        raise ValueError(
-            "the draft's tokenizer maps tokens to different ids than the target's; "
-            "the draft must use the target's tokenizer"
-        )
-
-
 def check_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor | None, max_context: int | None) -> None:
     if input_ids.shape[-1] == 0:
         raise ValueError(
@@ -100,23 +79,4 @@ def check_generation_mode(generation_config) -> None:
     raise NotImplementedError(
         f"opttree replaces greedy decoding and sampling only; these generate() arguments ask for "
         f"{mode.value.replace('_', ' ')}: drop them, or drop draft_model= for that mode"
-    )
-
-
-def check_assembled_draft(draft) -> None:
-    """A draft saved by ``opttree distill`` stores only its own weights: loaded with from_pretrained,
-    its embedding and output head stay random (it then runs, but drafts noise). Refuse it."""
-    from pathlib import Path
-
-    from .distill.model import META_FILE, ReducedVocabHead
-
-    source = str(draft.config.name_or_path or "")
-    if not source or not (Path(source) / META_FILE).is_file():
-        return
-    if isinstance(draft.get_output_embeddings(), ReducedVocabHead):
-        return
-    raise ValueError(
-        f"{source} is an opttree draft: it takes its embedding and output rows from the target, so "
-        "from_pretrained() leaves them random. Load it with opttree.distill.load_draft(path, target), "
-        "or pass the folder itself: draft_model=path"
     )

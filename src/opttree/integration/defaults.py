@@ -1,8 +1,8 @@
 """What generate() does with the tree arguments a user left out.
 
-:class:`~opttree.config.TreeConfig`'s defaults (``nodes=60, threshold=0.5``, OPT-Tree as published)
+:class:`~opttree.tree.config.TreeConfig`'s defaults (``nodes=60, threshold=0.5``, OPT-Tree as published)
 are what any tree argument you pass is completed with. With NEITHER ``nodes`` NOR ``threshold``
-given, generate() instead measures this machine: ``nodes="auto", threshold="auto"`` (budget.py: each
+given, generate() instead measures this machine: ``nodes="auto", threshold="auto"`` (opttree.budget: each
 step keeps the tree that maximises expected tokens per second, from timed latencies of this target
 and this draft; the first call on a machine spends a few seconds timing them, cached on disk).
 
@@ -11,12 +11,12 @@ Where "auto" cannot run, the left-out arguments fall back to TreeConfig's fixed 
 - ``strategy="sampled"``: a drawn tree whose shape must not depend on timings;
 - ``verifier="rrs"`` or ``"traversal"``: their trees are checked against the draft's own q, so the
   shape is left to the strategy (``"match"``, the default, accepts any tree);
-- a context too short to time a 16-token prefix (:func:`opttree.budget.calibration_prefix`).
+- a context too short to time a 16-token prefix (:func:`opttree.budget.calibration.calibration_prefix`).
 """
 
 from __future__ import annotations
 
-from .config import TreeConfig
+from ..tree.config import TreeConfig
 
 TREE_ARGS = ("nodes", "threshold", "max_depth", "strategy", "verifier", "static_tree")
 AUTO = {"nodes": "auto", "threshold": "auto"}

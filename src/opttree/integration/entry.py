@@ -1,7 +1,7 @@
 """Three ways into generate(): a callable for ``custom_generate=``, a GenerationMixin override
 that accepts ``draft_model=`` (get it with :func:`speculative`), and :class:`SpeculativeGenerator`.
 All three run generate()'s own preparation (generation config, logits processors and warpers,
-stopping criteria with EOS and max length) and then :func:`opttree.generation.speculative_decode`.
+stopping criteria with EOS and max length) and then :func:`opttree.loop.generation.speculative_decode`.
 """
 
 from __future__ import annotations
@@ -11,17 +11,18 @@ from dataclasses import dataclass
 import torch
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from .config import TreeConfig
+from ..budget import calibration
+from ..drafters import load_if_path, make_drafter
+from ..drafters.make import check_pair, is_draft_model
+from ..hf import kv_cache
+from ..hf.compat import cache_from_generate, output_cache, streamer_kept_by_generate
+from ..hf.fast_linear import weight_major
+from ..hf.validation import check_generation_mode, check_inputs, context_length
+from ..loop.generation import speculative_decode
+from ..loop.stats import GenerationStats
+from ..tree.config import TreeConfig
+from ..verify.sampling import draft_to_probs
 from .defaults import TREE_ARGS, given_settings, resolve
-from .drafters import load_if_path, make_drafter
-from .drafters.make import is_draft_model
-from .fast_linear import weight_major
-from .generation import speculative_decode
-from .hf_compat import cache_from_generate, output_cache, streamer_kept_by_generate
-from .sampling import draft_to_probs
-from .stats import GenerationStats
-from .validation import check_generation_mode, check_inputs, check_pair, context_length
-from . import budget, kv_cache
 
 
 @dataclass
@@ -50,9 +51,9 @@ def _decode(model, draft_model, given: dict, input_ids, logits_processor, stoppi
     check_inputs(input_ids, attention_mask, max_context)
     if streamer is not None and input_ids.shape[0] > 1:
         raise ValueError("streamers take one sequence (generate()'s rule): stream one prompt per generate() call")
-    config = resolve(given, can_calibrate=budget.calibration_prefix(model, drafter) is not None)
+    config = resolve(given, can_calibrate=calibration.calibration_prefix(model, drafter) is not None)
     # nodes/threshold="auto": measure this machine (a scratch drafter of the same kind is timed)
-    policy = budget.policy_maker(config, model, drafter, drafter.fresh)
+    policy = calibration.policy_maker(config, model, drafter, drafter.fresh)
     drafters = drafter.rows(input_ids.shape[0])
     max_length = stopping_criteria.max_length or generation_config.max_length
     cache = cache_from_generate(model_kwargs)
@@ -119,7 +120,7 @@ def speculative_generate(
     on any transformers causal LM; ``nodes``, ``threshold``, ``max_depth``, ``strategy``,
     ``verifier`` and ``static_tree`` are :class:`TreeConfig`'s; ``generator`` seeds sampling.
     generate()'s ``streamer=`` gets every new token and ``end()`` (generate() keeps the streamer
-    from a callable after putting the prompt in it: :func:`opttree.hf_compat.streamer_kept_by_generate`)."""
+    from a callable after putting the prompt in it: :func:`opttree.hf.compat.streamer_kept_by_generate`)."""
     given = given_settings(nodes=nodes, threshold=threshold, max_depth=max_depth, strategy=strategy,
                            verifier=verifier, static_tree=static_tree)
     kept = streamer_kept_by_generate()
@@ -230,7 +231,7 @@ class SpeculativeGenerator:
     """A target/draft pair with the usual generate() arguments.
 
     ``draft``: anything ``draft_model=`` takes (a model, a folder written by ``opttree distill``,
-    ``"prompt_lookup"``, a Drafter). Tree arguments left out: see :mod:`opttree.defaults` (with
+    ``"prompt_lookup"``, a Drafter). Tree arguments left out: see :mod:`opttree.integration.defaults` (with
     neither ``nodes`` nor ``threshold``, "auto"). ``generator``: a ``torch.Generator`` used for
     sampling when a generate() call passes none.
 

@@ -6,8 +6,8 @@ import time
 
 import torch
 
-from ..stats import LayerTiming
-from .base import DrafterRows
+from ..drafters.base import DrafterRows
+from .stats import LayerTiming
 
 
 def _sync(out) -> None:

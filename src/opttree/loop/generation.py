@@ -21,20 +21,20 @@ from typing import Callable
 
 import torch
 
-from .builder import BuiltTree
-from .config import TreeConfig
-from .drafters.base import Drafter, DrafterRows
-from .drafters.clock import DraftClock
-from .hf_compat import with_cache
+from ..drafters.base import Drafter, DrafterRows
+from ..hf.compat import with_cache
+from ..tree.builder import BuiltTree
+from ..tree.config import TreeConfig
+from ..tree.plan import BudgetPolicy, FixedPolicy, StepPlan
+from .clock import DraftClock
 from .lockstep import run_in_lockstep
-from .plan import BudgetPolicy, FixedPolicy, StepPlan
 from .rows import Row, Slots, batch_step, combined_stats, commit_tokens, finish_together, left_padding, \
     output_sequences, per_token
+from ..tree.draft_tree import DraftTree
+from ..tree.strategies import build_tree
+from ..verify.walk import Acceptance, greedy_choice, greedy_walk, sampled_choice, verify, with_rows
 from .stats import GenerationStats, StepStats
 from .stopping import StopRule
-from .strategies import build_tree
-from .tree import DraftTree
-from .verify import Acceptance, greedy_choice, greedy_walk, sampled_choice, verify, with_rows
 
 logger = logging.getLogger(__name__)
 
@@ -184,7 +184,7 @@ def speculative_decode(
     """drafter: a Drafter (its :meth:`Drafter.rows` view is taken) or a DrafterRows for B rows.
     pad_finished: generate() pads a finished row (with ``pad_token_id``) only when its stopping
     criteria include an EOS one; otherwise every row goes on until all have stopped.
-    new_policy: makes each row's step budget policy (budget.py); default ``config``'s fixed one.
+    new_policy: makes each row's step budget policy (opttree.budget); default ``config``'s fixed one.
 
     Host reads per step of one row (greedy, no logits processors): one per drafted layer (the
     builder's threshold test), one for the walk (the accepted path, its pool ids and the emitted

@@ -1,6 +1,6 @@
 """Run one tree builder per batch row in lockstep, so that a layer's draft forward serves every row.
 
-A tree builder (strategies.py) calls ``expand(pool, frontier)`` and waits for the draft's answer
+A tree builder (tree/strategies.py) calls ``expand(pool, frontier)`` and waits for the draft's answer
 before it decides on the next layer. With a batch, each row has its own builder, yet all rows
 should share ONE draft forward per layer. :func:`run_in_lockstep` runs the builders as coroutines
 (each on its own thread, but only ever one at a time, in row order, so the result — and the order

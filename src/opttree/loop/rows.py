@@ -18,27 +18,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import kv_cache
-from .acceptance import Acceptance
-from .masks import ForwardInputs, batch_verification_inputs, verification_inputs
-from .plan import BudgetPolicy
+from ..hf import kv_cache
+from ..tree.draft_tree import DraftTree
+from ..tree.masks import ForwardInputs, batch_verification_inputs, verification_inputs
+from ..tree.plan import BudgetPolicy
+from ..verify.acceptance import Acceptance
 from .stats import GenerationStats, StepStats
 from .stopping import StopRule
-from .tree import DraftTree
 
 logger = logging.getLogger(__name__)
-
-# Squeeze the holes out of the target's cache once they make up this share of its slots beyond the
-# longest row's: holes cost attention over slots no row reads, compacting costs one copy.
-COMPACT_SHARE = 0.25
-COMPACT_MIN_HOLES = 16
-
-
-def worth_compacting(valid: torch.Tensor) -> bool:
-    """valid: [R, L] bool, each row's used slots."""
-    holes = valid.shape[1] - int(valid.sum(dim=1).max())
-    return holes >= max(COMPACT_MIN_HOLES, COMPACT_SHARE * valid.shape[1])
-
 
 def left_padding(attention_mask: torch.Tensor) -> torch.Tensor:
     """attention_mask: [B, T] (1 = token, 0 = padding) -> [B] long, each row's left padding.
@@ -106,7 +94,7 @@ class Slots:
         kv_cache.keep_row_slots(cache, past, slots)
         kept = torch.tensor([1 + a.accepted for a in acceptances], device=self.valid.device)  # [R]
         self.valid = torch.cat([self.valid, torch.arange(width, device=self.valid.device)[None, :] < kept[:, None]], dim=1)
-        if worth_compacting(self.valid):
+        if kv_cache.worth_compacting(self.valid):
             self.valid = kv_cache.compact_rows(cache, self.valid)
         self.length = self.valid.shape[1]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .tree import DraftTree
+from ..tree.draft_tree import DraftTree
 
 
 @dataclass

@@ -5,7 +5,7 @@ Needs matplotlib (``pip install opttree[bench]``); imported lazily so the librar
 * :func:`plot_tree` draws a :class:`~opttree.tree.DraftTree` left to right (root at the left, one
   column per depth), each node with its token and its path probability p̂ (OPT-Tree, arXiv
   2406.17276: the tree maximises E(A) = Σp̂); the path the target accepted is highlighted.
-* :func:`plot_stats` summarises a :class:`~opttree.stats.GenerationStats`: tokens per step,
+* :func:`plot_stats` summarises a :class:`~opttree.loop.stats.GenerationStats`: tokens per step,
   E(A) against the accepted length (the paper's Figure 4, with Pearson r), tree sizes per step.
 
 Get a step's tree from generate()'s output: ``out.stats.steps[i].tree`` and
@@ -18,8 +18,8 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from .stats import GenerationStats
-from .tree import DraftTree
+from ..loop.stats import GenerationStats
+from ..tree.draft_tree import DraftTree
 
 ACCEPTED_COLOR = "#2ca02c"
 NODE_COLOR = "#1f77b4"

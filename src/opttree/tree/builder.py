@@ -21,9 +21,9 @@ from typing import Callable
 
 import torch
 
-from .plan import LayerState
 from .config import TreeConfig
-from .tree import DraftTree
+from .draft_tree import DraftTree
+from .plan import LayerState
 
 # expand(pool, frontier) -> draft probabilities for the children of each frontier node.
 #   pool:     every node drafted so far this step (a DraftTree in layer order)
@@ -143,7 +143,7 @@ def build_opt_tree(root_probs: torch.Tensor, expand: Expand, config: TreeConfig,
     root_probs: [vocab] float, the draft's q for the root's children.
     max_depth:  a tighter depth cap for this step (e.g. tokens left before max_new_tokens).
     width:      the most nodes one draft forward expands (the layer's best by p̂); None: no cap.
-    grow:       after each drafted layer, whether to draft the next (budget.py); None: OPT-Tree's
+    grow:       after each drafted layer, whether to draft the next (a budget policy's, plan.py); None: OPT-Tree's
                 rule, while E(A) of the best ``nodes`` nodes grows by more than ``threshold``.
 
     The newest layer is stored by descending p̂, so the nodes worth expanding (those still among

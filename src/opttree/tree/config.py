@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 # Known names; each module that adds one extends its tuple here.
 STRATEGIES = ("opt", "heap", "delayed", "chain", "static", "sampled")  # tree growth: see strategies.py
-VERIFIERS = ("match", "rrs", "traversal")  # acceptance rule: see verify.py, sampling.py
+VERIFIERS = ("match", "rrs", "traversal")  # acceptance rule: see verify/walk.py, verify/sampling.py
 
 # The largest node budget. A step's memory is quadratic in it: the builder's pool keeps a [P, P]
 # bool ancestor mask over up to max_depth × nodes drafted nodes (about 100 MB at 1024 nodes and the
@@ -28,20 +28,20 @@ class TreeConfig:
     threshold: δ: drafting goes one layer deeper only while E(A) = Σp̂ of the best ``nodes``-node
                tree grows by more than δ.
                ``nodes="auto"`` / ``threshold="auto"``: chosen each step for the most tokens per second
-               on this machine (measured latencies; see budget.py).
+               on this machine (measured latencies; see opttree.budget).
     max_depth: the deepest layer ever drafted.
     strategy:  how the tree is grown; ``"opt"`` is OPT-Tree; ``"heap"``, ``"delayed"``, ``"chain"``,
                ``"static"``: see strategies.py; ``"sampled"`` (children drawn
-               from q, for the sampling verifiers): sampling.py.
+               from q, for the sampling verifiers): sampled.py.
     verifier:  how the target accepts tokens; ``"match"``: the target picks its own token at a
                node (argmax, or a sample) and the walk follows the child that carries it;
                ``"rrs"`` (recursive rejection sampling) and ``"traversal"`` (Traversal
-               Verification): sampling.py. All are lossless; greedy decoding always matches.
+               Verification): verify/sampling.py. All are lossless; greedy decoding always matches.
     static_tree: for ``strategy="static"``: the tree as root-to-node paths of sibling ranks,
                e.g. ``((0,), (1,), (0, 0))``.
 
     These field defaults complete the arguments a user gives. A generate() call given NEITHER
-    ``nodes`` NOR ``threshold`` runs ``nodes="auto", threshold="auto"`` where it can (opttree.defaults).
+    ``nodes`` NOR ``threshold`` runs ``nodes="auto", threshold="auto"`` where it can (opttree.integration.defaults).
     """
 
     nodes: int = 60
@@ -56,7 +56,7 @@ class TreeConfig:
             raise ValueError(f"nodes must be an integer >= 1 (the tree's node budget) or 'auto', got {self.nodes!r}")
         if self.nodes != "auto" and self.nodes > MAX_NODES:
             raise ValueError(
-                f"nodes must be at most {MAX_NODES} (opttree.config.MAX_NODES: a step's memory grows with the "
+                f"nodes must be at most {MAX_NODES} (opttree.tree.config.MAX_NODES: a step's memory grows with the "
                 f"square of the node budget), got {self.nodes!r}; pass nodes='auto' (the fastest tree this "
                 "machine measured) or a budget such as 60"
             )

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .tree import DraftTree
+from .draft_tree import DraftTree
 
 
 @dataclass

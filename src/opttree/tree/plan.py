@@ -2,10 +2,10 @@
 
 The decoding loop asks a :class:`BudgetPolicy` for each step's :class:`StepPlan` (the node budget,
 δ, the widest layer to draft, and for ``"auto"`` a growth rule and a final cut) and tells it what
-the step cost (:meth:`BudgetPolicy.observe` with the step's :class:`~opttree.stats.StepStats`).
+the step cost (:meth:`BudgetPolicy.observe` with the step's :class:`~opttree.loop.stats.StepStats`).
 Builders read the plan and, after each layer, hand :attr:`StepPlan.grow` a :class:`LayerState`.
 :class:`FixedPolicy` is ``nodes=<int>, threshold=<float>``: OPT-Tree as published. The measured
-policy for ``"auto"`` is :class:`opttree.latency.AutoPolicy`.
+policy for ``"auto"`` is :class:`opttree.budget.latency.AutoPolicy`.
 
 This module imports nothing heavy (torch only for type hints), so any builder may import it.
 """
@@ -49,7 +49,7 @@ class BudgetPolicy(Protocol):
         """Called at the start of each step, before the drafter's first call."""
 
     def observe(self, step) -> None:
-        """The finished step (a :class:`~opttree.stats.StepStats`, with its measured times)."""
+        """The finished step (a :class:`~opttree.loop.stats.StepStats`, with its measured times)."""
 
 
 class FixedPolicy:

@@ -1,6 +1,6 @@
 """Tree strategies behind one interface: ``build(root_probs, expand, config, max_depth) -> BuiltTree``.
 
-Each strategy grows a :class:`~opttree.builder.BuiltTree` from the draft's q at the root and an
+Each strategy grows a :class:`~opttree.tree.builder.BuiltTree` from the draft's q at the root and an
 ``expand(pool, frontier)`` callback (see builder.py). The pool a strategy hands to ``expand`` only
 ever grows by appending (pool ids are stable), every frontier node's parent was expanded before
 it (a model drafter has its ancestors in its cache), and ``BuiltTree.pool_ids`` index that pool.
@@ -15,15 +15,15 @@ it (a model drafter has its ancestors in its cache), and ``BuiltTree.pool_ids`` 
   branching only below it (an OPT-Tree grown from the path's tip with the remaining budget).
 - ``"chain"``: one path of up to ``min(nodes, max_depth)`` draft-greedy tokens (classic
   speculative decoding).
-- ``"sampled"``: children drawn from the draft's q (sampling.py), for the sampling verifiers.
+- ``"sampled"``: children drawn from the draft's q (sampled.py), for the sampling verifiers.
 - ``"static"``: a fixed shape, ``config.static_tree`` (root-to-node paths of sibling ranks; default
-  :data:`~opttree.static_trees.DEFAULT_STATIC_TREE`), filled with the draft's ranked tokens.
+  :data:`~opttree.tree.static_trees.DEFAULT_STATIC_TREE`), filled with the draft's ranked tokens.
 
-Every builder takes the same keywords from the step's :class:`~opttree.budget.StepPlan`: ``width``
+Every builder takes the same keywords from the step's :class:`~opttree.tree.plan.StepPlan`: ``width``
 (the most nodes one draft forward expands) and ``grow`` (whether to draft one more layer, asked
 before each draft forward past the first layer; None: the strategy's own rule). Fixed shapes
 ("static", "sampled") ignore both. With ``nodes="auto"`` the plan's ``size`` rule then keeps the
-top-m nodes by p̂ that maximise the expected tokens per second, whatever the strategy (budget.py).
+top-m nodes by p̂ that maximise the expected tokens per second, whatever the strategy (opttree.budget).
 """
 
 from __future__ import annotations
@@ -33,12 +33,12 @@ from dataclasses import replace
 
 import torch
 
-from .plan import LayerState, StepPlan
 from .builder import BuiltTree, Expand, Grow, best_nodes, build_opt_tree, from_pool, select, top_children
 from .config import TreeConfig
-from .sampling import build_sampled_tree
+from .draft_tree import DraftTree
+from .plan import LayerState, StepPlan
+from .sampled import build_sampled_tree
 from .static_trees import DEFAULT_STATIC_TREE, check_paths
-from .tree import DraftTree
 
 HEAP_NODES_PER_FORWARD = 8  # "heap": expand about nodes / 8 nodes per draft forward (at least 1)
 DELAY = 2  # "delayed": tokens on the single path before the tree branches
@@ -265,13 +265,14 @@ def build_tree(root_probs: torch.Tensor, expand: Expand, config: TreeConfig, max
                generator: torch.Generator | None = None, plan: StepPlan | None = None) -> BuiltTree:
     """root_probs: [vocab] float; max_depth: this step's cap (tokens left, context left).
 
-    plan: this step's budget from a :class:`~opttree.budget.BudgetPolicy` (default: ``config``'s
+    plan: this step's budget from a :class:`~opttree.tree.plan.BudgetPolicy` (default: ``config``'s
     fixed nodes and threshold); with ``nodes="auto"`` its ``size`` rule then cuts the strategy's
     tree to the top-m nodes by p̂ that maximise the expected tokens per second."""
     if plan is None:
         if config.nodes == "auto" or config.threshold == "auto":
             raise ValueError("nodes/threshold='auto' must be resolved against the models first: "
-                             "build_tree(..., plan=opttree.budget.make_policy(config, target, drafter).plan())")
+                             "build_tree(..., plan=opttree.budget.calibration.make_policy(config, target, drafter)"
+                             ".plan())")
         plan = StepPlan(nodes=config.nodes, threshold=config.threshold)
     step_config = replace(config, nodes=plan.nodes, threshold=plan.threshold)
     builder = BUILDERS[config.strategy]

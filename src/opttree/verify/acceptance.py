@@ -1,4 +1,4 @@
-"""What one step's walk over the tree accepted (verify.py's argmax walk, sampling.py's verifiers)."""
+"""What one step's walk over the tree accepted (walk.py's argmax walk, sampling.py's verifiers)."""
 
 from __future__ import annotations
 

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import torch
 
+from ..tree.draft_tree import DraftTree
 from .acceptance import Acceptance, Choose
 from .sampling import SAMPLING_VERIFIERS
-from .tree import DraftTree
 
 __all__ = ["Acceptance", "Choose", "greedy_choice", "greedy_walk", "sampled_choice", "verify", "walk_tree", "with_rows"]
 

@@ -1,0 +1,16 @@
+"""The face: how transformers' ``generate()`` reaches opttree.
+
+* :mod:`.entry`: the ways in (``custom_generate=speculative_generate``, a model given ``draft_model=`` by
+  :func:`speculative`, :class:`SpeculativeGenerator`, and :func:`hub_generate` for the Hub's
+  ``custom_generate/`` folder). Each runs generate()'s own preparation, then one decode of the loop.
+* :mod:`.defaults`: what generate() does with the tree arguments left out (``"auto"`` where it can).
+
+The top floor: it may import any other folder of opttree (the loop, the drafters, the budget, verify,
+tree, hf); nothing below imports it.
+"""
+
+from .entry import (SpeculativeDecoderOnlyOutput, SpeculativeGenerationMixin, SpeculativeGenerator, hub_generate,
+                    speculative, speculative_generate)
+
+__all__ = ["SpeculativeDecoderOnlyOutput", "SpeculativeGenerationMixin", "SpeculativeGenerator", "hub_generate",
+           "speculative", "speculative_generate"]

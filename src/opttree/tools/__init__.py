@@ -1,0 +1,9 @@
+"""Tools apart from decoding: nothing on the decoding path imports them.
+
+* :mod:`.viz`: pictures of a step's tree and of a run's statistics (matplotlib);
+* :mod:`.overhead`: counts of a step's aten ops, kernel launches and host reads outside the forwards;
+* :mod:`.ties`: greedy equality in bf16/fp16: equal, a near-tie of plain's own scores, or a mismatch.
+
+May import: :mod:`opttree.tree` and the loop's stats. Used by ``opttree bench``, the benchmarks, the
+tests and the notebook.
+"""

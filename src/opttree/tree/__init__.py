@@ -1,0 +1,16 @@
+"""Draft trees and how they grow: pure torch, no model and no transformers.
+
+* :mod:`.draft_tree`: :class:`DraftTree`, tokens, parents, p̂ and ancestors as tensors, grown by whole layers;
+* :mod:`.builder`: OPT-Tree (``build_opt_tree``) and ``BuiltTree``, a step's final tree;
+* :mod:`.strategies`: every strategy behind one interface (``build_tree``: opt, heap, delayed, chain,
+  static, sampled); :mod:`.sampled`: the tree drawn from the draft's q; :mod:`.static_trees`: fixed shapes;
+* :mod:`.plan`: what one step's tree may be (``StepPlan``), asked of a ``BudgetPolicy``;
+* :mod:`.config`: ``TreeConfig``, the user's tree settings;
+* :mod:`.masks`: a tree as a model's inputs: 4D additive mask, rotary positions, cache slots.
+
+The ground floor: imports nothing else of opttree; every other folder may import it.
+"""
+
+from .draft_tree import DraftTree
+
+__all__ = ["DraftTree"]
