@@ -67,7 +67,7 @@ def keep_slots(cache: DynamicCache, start: int, slots: list[int]) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# batches (batch.py): rows share the slots; a row's unused slots are holes its mask hides
+# batches (loop/rows.py): rows share the slots; a row's unused slots are holes its mask hides
 
 
 def keep_row_slots(cache: DynamicCache, start: int, slots: torch.Tensor) -> None:

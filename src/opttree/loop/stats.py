@@ -42,7 +42,7 @@ class GenerationStats:
     prompt_tokens: int = 0
     new_tokens: int = 0
     steps: list[StepStats] = field(default_factory=list)
-    # a batch (batch.py): each row's own stats, in the batch's order; ``steps`` then holds one
+    # a batch (rows.py): each row's own stats, in the batch's order; ``steps`` then holds one
     # StepStats per batched step, summed over the rows in it (tree_size, accepted, emitted, E(A))
     rows: list["GenerationStats"] | None = None
 

@@ -7,7 +7,7 @@ A forward over q new tokens on top of ``past_len`` cached ones takes
   cache_position  [q]     cache slots = past_len … past_len + q - 1.
 Positions and cache slots differ for tree tokens: siblings share a position, never a slot.
 
-A batch (rows of different lengths and trees, batch.py) shares the cache slots: the mask is
+A batch (rows of different lengths and trees, opttree.loop.rows) shares the cache slots: the mask is
 [B, 1, q, past_len + q], each row seeing only the slots that hold ITS committed tokens (left
 padding and holes are hidden), and its rotary positions count only its own tokens.
 """
