@@ -12,7 +12,7 @@ tree size, and the shares of the decoding time spent in the drafter's calls (``r
 ``expand``, timed through the drafter protocol), in building trees (the rest of the drafting
 phase: top-k, pools, the budget policy) and verifying; whether every output equals plain greedy
 generate(); the Pearson r between each step's E(A) and its accepted length (OPT-Tree paper,
-Figure 4; the issue asks it for ``opt``). The last lines compare ``auto`` with the best fixed budget.
+Figure 4; reported for ``opt``). The last lines compare ``auto`` with the best fixed budget.
 
     python benchmarks/strategies.py --prompts-per-category 2 --max-new-tokens 64 --json strategies.json
 

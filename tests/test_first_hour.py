@@ -1,4 +1,4 @@
-"""Issue 17, a new user's first hour: the default tree, options that are refused rather than dropped,
+"""A new user's first hour: the default tree, options that are refused rather than dropped,
 draft folders passed as paths, pickling, and the errors that name the fix."""
 
 import copy

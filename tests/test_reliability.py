@@ -1,4 +1,4 @@
-"""The online reliability map for p̂ (issue 17) and how nodes="auto" uses it: E_m sums calibrated
+"""The online reliability map for p̂ and how nodes="auto" uses it: E_m sums calibrated
 p̂, so an over-confident draft gets smaller trees and a well-calibrated one keeps its choice."""
 
 import pytest

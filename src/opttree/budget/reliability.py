@@ -1,4 +1,4 @@
-"""How far to trust the draft's p̂: an online reliability map (``nodes="auto"``, issue 17).
+"""How far to trust the draft's p̂: an online reliability map (``nodes="auto"``).
 
 p̂ (``DraftTree.path_probs``) is the draft's own probability that the path root → node is
 accepted. ``"auto"`` sums it (E_m, :mod:`opttree.budget.latency`) to judge how many tokens a tree of m

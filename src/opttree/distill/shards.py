@@ -2,7 +2,7 @@
 
 A shard is one safetensors file: tensor ``key`` of record ``i`` is stored as ``"{i}/{key}"``; every
 other field (ints, strings, lists of ints) goes as JSON into the file's metadata. Loading never
-unpickles. Shards of older sessions (``shard_*.pt``, ``torch.save`` of a list of dicts) are still
+unpickles. Shards written by older versions (``shard_*.pt``, ``torch.save`` of a list of dicts) are still
 read, with ``torch.load(weights_only=True)`` (plain containers and tensors only).
 """
 
