@@ -284,7 +284,7 @@ def test_visible_holes_and_padding_are_caught(monkeypatch):
 def test_sampling_keeps_each_rows_law(verifier, strategy, drafter):
     from test_sampling import VOCAB, chi_square, lm_law, tiny_lm
     from opttree.hf import kv_cache
-    from opttree.loop.generation import speculative_decode
+    from opttree.loop.generation import DecodeSettings, speculative_decode
     from opttree.drafters.batch_model import BatchModelDrafter
     from opttree.verify.sampling import draft_to_probs
     from transformers import MaxLengthCriteria
@@ -321,9 +321,9 @@ def test_sampling_keeps_each_rows_law(verifier, strategy, drafter):
                 rows = PerRow([FeatureHeadDrafter(head, draft_to_probs(procs)) for _ in range(2)])
             else:
                 rows = BatchModelDrafter(draft, draft_to_probs(procs), rows=2)
-            result = speculative_decode(target, rows, ids, kv_cache.new_cache(target), procs, stop, config,
-                                        max_length=ids.shape[1] + 2, context_length=64, attention_mask=mask,
-                                        pad_token_id=0, do_sample=True, generator=g)
+            settings = DecodeSettings(config, procs, stop, max_length=ids.shape[1] + 2, context_length=64,
+                                      pad_token_id=0, do_sample=True, generator=g)
+            result = speculative_decode(target, rows, ids, kv_cache.new_cache(target), settings, attention_mask=mask)
             for b in range(2):
                 counts[b][tuple(result.sequences[b, ids.shape[1]:].tolist())] += 1
             steps += len(result.stats.steps)

@@ -23,7 +23,7 @@ from transformers import (LogitsProcessorList, MaxLengthCriteria, RepetitionPena
                           StoppingCriteriaList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
 
 from opttree import TreeConfig, build_opt_tree, speculative_generate
-from opttree.loop.generation import speculative_decode
+from opttree.loop.generation import DecodeSettings, speculative_decode
 from opttree.tree.sampled import build_sampled_tree, sample_children, slot_threshold
 from opttree.verify.sampling import draft_to_probs
 from opttree.verify.walk import Acceptance, verify
@@ -368,9 +368,9 @@ def test_end_to_end_two_tokens_have_the_target_law(verifier, strategy, kind, agr
                 drafter = FeatureHeadDrafter(head, to_probs=draft_to_probs(procs))
             else:
                 drafter = ModelDrafter(draft, to_probs=draft_to_probs(procs))
-            result = speculative_decode(target, drafter, torch.tensor([prompt]), kv_cache.new_cache(target), procs,
-                                        stop, config, max_length=len(prompt) + 2, context_length=64,
-                                        do_sample=True, generator=g)
+            settings = DecodeSettings(config, procs, stop, max_length=len(prompt) + 2, context_length=64,
+                                      do_sample=True, generator=g)
+            result = speculative_decode(target, drafter, torch.tensor([prompt]), kv_cache.new_cache(target), settings)
             counts[tuple(result.sequences[0, len(prompt):].tolist())] += 1
             steps += len(result.stats.steps)
     stat, critical = chi_square(counts, law, n)

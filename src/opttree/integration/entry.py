@@ -18,7 +18,7 @@ from ..hf import kv_cache
 from ..hf.compat import cache_from_generate, output_cache, streamer_kept_by_generate
 from ..hf.fast_linear import weight_major
 from ..hf.validation import check_generation_mode, check_inputs, context_length
-from ..loop.generation import speculative_decode
+from ..loop.generation import DecodeSettings, speculative_decode
 from ..loop.stats import GenerationStats
 from ..tree.config import TreeConfig
 from ..verify.sampling import draft_to_probs
@@ -65,21 +65,21 @@ def _decode(model, draft_model, given: dict, input_ids, logits_processor, stoppi
     if streamer is not None and not prompt_streamed:
         streamer.put(input_ids.cpu())
     pad = generation_config._pad_token_tensor
+    settings = DecodeSettings(
+        config, logits_processor, stopping_criteria,
+        max_length=max_length,
+        context_length=max_context or (1 << 62),
+        pad_token_id=None if pad is None else int(pad),
+        pad_finished=any(hasattr(c, "eos_token_id") for c in stopping_criteria),  # generate()'s own test
+        do_sample=sampling,
+        streamer=streamer,
+        generator=generator,
+        output_scores=bool(generation_config.output_scores),
+        output_logits=bool(generation_config.output_logits),
+        new_policy=policy,
+    )
     with torch.inference_mode(), weight_major(model, draft_model):  # few-row fp32 CPU linears (fast_linear)
-        result = speculative_decode(
-            model, drafters, input_ids, cache, logits_processor, stopping_criteria, config,
-            max_length=max_length,
-            context_length=max_context or (1 << 62),
-            attention_mask=attention_mask,
-            pad_token_id=None if pad is None else int(pad),
-            pad_finished=any(hasattr(c, "eos_token_id") for c in stopping_criteria),  # generate()'s own test
-            do_sample=sampling,
-            streamer=streamer,
-            generator=generator,
-            output_scores=bool(generation_config.output_scores),
-            output_logits=bool(generation_config.output_logits),
-            new_policy=policy,
-        )
+        result = speculative_decode(model, drafters, input_ids, cache, settings, attention_mask=attention_mask)
     if generation_config.return_dict_in_generate:  # a batch's cache has lost its finished rows: not returned
         return SpeculativeDecoderOnlyOutput(
             sequences=result.sequences, scores=result.scores, logits=result.logits,

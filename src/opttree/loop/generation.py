@@ -47,6 +47,28 @@ class DecodeResult:
     logits: tuple | None = None  # raw target logits per new token, each [B, vocab]
 
 
+@dataclass(frozen=True)
+class DecodeSettings:
+    """What one decode runs with, as generate() prepared it: everything but the models, the prompts
+    and the cache."""
+
+    config: TreeConfig
+    logits_processor: object  # generate()'s LogitsProcessorList (processors and warpers); may be empty
+    stopping_criteria: object  # generate()'s StoppingCriteriaList
+    max_length: int  # a row stops at this many tokens (padding included, as generate() counts)
+    context_length: int  # the most tokens the models can hold
+    pad_token_id: int | None = None
+    # generate() pads a finished row (with pad_token_id) only when its stopping criteria include an
+    # EOS one; otherwise every row goes on until all have stopped
+    pad_finished: bool = True
+    do_sample: bool = False
+    streamer: object | None = None  # batch 1 only, as generate()
+    generator: torch.Generator | None = None  # the sampling's randomness (tree draws, verifiers)
+    output_scores: bool = False
+    output_logits: bool = False
+    new_policy: Callable[[], BudgetPolicy] | None = None  # makes each row's budget policy; None: config's fixed one
+
+
 def target_forward(target, inputs, cache, want_hidden: bool) -> tuple[torch.Tensor, tuple | None]:
     """One target forward over every row's root and tree -> (logits [R, q, vocab] float32, and the
     hidden states (each [R, q, H]) when a drafter wants the target's features)."""
@@ -84,8 +106,8 @@ def empty_tree(device: torch.device) -> BuiltTree:
     return BuiltTree(DraftTree.empty(device), torch.empty(0, dtype=torch.long), depth_bound=0, expected_length=0.0)
 
 
-def draft_trees(clock: DraftClock, rows: list[Row], caps: list[int], plans: list[StepPlan], config: TreeConfig,
-                generator) -> list[BuiltTree] | None:
+def draft_trees(clock: DraftClock, rows: list[Row], caps: list[int], plans: list[StepPlan],
+                settings: DecodeSettings) -> list[BuiltTree] | None:
     """Every row's tree (not deeper than its cap): one catch-up call, then one drafter call per
     layer for all rows still growing (their builders run in lockstep). None: no row may draft."""
     if all(cap < 1 for cap in caps):
@@ -96,8 +118,8 @@ def draft_trees(clock: DraftClock, rows: list[Row], caps: list[int], plans: list
         def build(call):
             if caps[b] < 1:
                 return empty_tree(rows[b].sequence.device)
-            return build_tree(root_probs[b], lambda pool, frontier: call((b, pool, frontier)), config, caps[b],
-                              generator=generator, plan=plans[b])
+            return build_tree(root_probs[b], lambda pool, frontier: call((b, pool, frontier)), settings.config,
+                              caps[b], generator=settings.generator, plan=plans[b])
         return build
 
     def answer_all(requests):  # [(row, pool, frontier)] of the rows still growing
@@ -125,9 +147,11 @@ def prefill(target, input_ids: torch.Tensor, mask: torch.Tensor, cache, slots: S
                                for b, row in enumerate(rows)])
 
 
-def walker(config: TreeConfig, logits_processor, do_sample: bool, want_rows: bool, generator):
+def walker(settings: DecodeSettings, want_rows: bool):
     """walk(row, built, tree, logits [n + 1, vocab]) -> the row's Acceptance: the target's own token
     at the root and at each accepted node. Greedy without processors: every node at once, one read."""
+    config, logits_processor, do_sample, generator = (settings.config, settings.logits_processor, settings.do_sample,
+                                                      settings.generator)
     pick = sampled_choice if do_sample else greedy_choice
     fast = not do_sample and len(logits_processor or []) == 0
 
@@ -160,51 +184,32 @@ def step_stats(built: BuiltTree, tree: DraftTree, acceptance: Acceptance, emitte
     )
 
 
-def speculative_decode(
-    target,
-    drafter: Drafter | DrafterRows,
-    input_ids: torch.Tensor,  # [B, T] long (left-padded when B > 1 and the prompts differ in length)
-    cache,
-    logits_processor,
-    stopping_criteria,
-    config: TreeConfig,
-    *,
-    max_length: int,
-    context_length: int,
-    attention_mask: torch.Tensor | None = None,  # [B, T], 0 on the left padding; None: no padding
-    pad_token_id: int | None = None,
-    pad_finished: bool = True,
-    do_sample: bool = False,
-    streamer=None,
-    generator: torch.Generator | None = None,
-    output_scores: bool = False,
-    output_logits: bool = False,
-    new_policy: Callable[[], BudgetPolicy] | None = None,
-) -> DecodeResult:
-    """drafter: a Drafter (its :meth:`Drafter.rows` view is taken) or a DrafterRows for B rows.
-    pad_finished: generate() pads a finished row (with ``pad_token_id``) only when its stopping
-    criteria include an EOS one; otherwise every row goes on until all have stopped.
-    new_policy: makes each row's step budget policy (opttree.budget); default ``config``'s fixed one.
+def speculative_decode(target, drafter: Drafter | DrafterRows, input_ids: torch.Tensor, cache, settings: DecodeSettings,
+                       attention_mask: torch.Tensor | None = None) -> DecodeResult:
+    """Decode every row of ``input_ids`` ([B, T] long, left-padded when B > 1 and the prompts differ in
+    length; ``attention_mask`` [B, T], 0 on the padding, None: no padding) with ``settings``.
+
+    drafter: a Drafter (its :meth:`Drafter.rows` view is taken) or a DrafterRows for B rows.
 
     Host reads per step of one row (greedy, no logits processors): one per drafted layer (the
     builder's threshold test), one for the walk (the accepted path, its pool ids and the emitted
     tokens), one in a draft model's commit; everything else stays on the devices."""
     count = input_ids.shape[0]
-    if streamer is not None and count > 1:
+    if settings.streamer is not None and count > 1:
         raise ValueError("streamers take one sequence (generate()'s rule): stream one prompt per generate() call")
     drafters = drafter.rows(count) if isinstance(drafter, Drafter) else drafter
-    new_policy = new_policy or (lambda: FixedPolicy(config))
-    stop = StopRule.of(stopping_criteria)
-    want_rows = output_scores or output_logits or stop.needs_scores
+    new_policy = settings.new_policy or (lambda: FixedPolicy(settings.config))
+    stop = StopRule.of(settings.stopping_criteria)
+    want_rows = settings.output_scores or settings.output_logits or stop.needs_scores
     padded = attention_mask is not None and not bool(attention_mask.bool().all())
     pads = left_padding(attention_mask).tolist() if padded else [0] * count
-    rows = [Row(b, input_ids[b], pads[b], max_length, new_policy()) for b in range(count)]
+    rows = [Row(b, input_ids[b], pads[b], settings.max_length, new_policy()) for b in range(count)]
     every_row = list(rows)
     for row in rows:
         row.stats.prompt_tokens = len(row.tokens)
     timed = any(not isinstance(row.policy, FixedPolicy) for row in rows)  # "auto" learns from device times
     wants_hidden = drafters.wants_hidden_states  # the drafter reads the target's features
-    walk = walker(config, logits_processor, do_sample, want_rows, generator)
+    walk = walker(settings, want_rows)
     batch_steps: list[StepStats] = []
 
     # 0. prefill the target with all prompt columns but the last (every row's root)
@@ -215,12 +220,12 @@ def speculative_decode(
 
     while rows:
         # 1. draft every row's tree (not deeper than its tokens still allowed and the context)
-        caps = [min(row.limit - len(row.sequence) - 1, context_length - len(row.tokens)) for row in rows]
+        caps = [min(row.limit - len(row.sequence) - 1, settings.context_length - len(row.tokens)) for row in rows]
         t0 = time.perf_counter()
         forwards_before = drafters.forwards
         plans = [row.policy.plan() for row in rows]  # each row's nodes, threshold, layer width
         clock = DraftClock(drafters, len(rows), sync=timed)
-        builts = draft_trees(clock, rows, caps, plans, config, generator)
+        builts = draft_trees(clock, rows, caps, plans, settings)
         drafted = builts is not None
         builts = builts or [empty_tree(row.sequence.device) for row in rows]
         trees = [built.tree.to(row.sequence.device) for built, row in zip(builts, rows)]
@@ -250,21 +255,21 @@ def speculative_decode(
         share = 1.0 / len(rows)  # a row's share of the step's shared phases
         lengths = [len(row.sequence) for row in rows]
         for b, (row, built, tree, acceptance) in enumerate(zip(rows, builts, trees, acceptances)):
-            emitted = commit_tokens(row, acceptance, stop, stopping_criteria, pad_finished)
-            if output_scores:  # kept only on request: a [vocab] row per token adds up over long runs
+            emitted = commit_tokens(row, acceptance, stop, settings.stopping_criteria, settings.pad_finished)
+            if settings.output_scores:  # kept only on request: a [vocab] row per token adds up over long runs
                 row.scores.extend(acceptance.scores[:emitted])
-            if output_logits:
+            if settings.output_logits:
                 row.logits.extend(acceptance.logits[:emitted])
             row.stats.new_tokens += emitted
             row.stats.steps.append(step_stats(built, tree, acceptance, emitted, forwards, (t1 - t0) * share,
                                               (t2 - t1) * share, clock.root_seconds[b], clock.layers[b]))
-        if not pad_finished:
+        if not settings.pad_finished:
             finish_together(every_row)
-        if streamer is not None:  # one row (checked above)
-            streamer.put(rows[0].sequence[lengths[0]:].cpu())
+        if settings.streamer is not None:  # one row (checked above)
+            settings.streamer.put(rows[0].sequence[lengths[0]:].cpu())
         for row in rows:
-            if not row.done and len(row.tokens) > context_length:
-                logger.warning("stopped at the model's context length (%d tokens)", context_length)
+            if not row.done and len(row.tokens) > settings.context_length:
+                logger.warning("stopped at the model's context length (%d tokens)", settings.context_length)
                 row.done = True
             row.policy.observe(row.stats.steps[-1])  # what the step cost ("auto" refreshes its latency model)
         if len(every_row) > 1:
@@ -278,11 +283,11 @@ def speculative_decode(
                 slots.select(cache, keep)
                 drafters.select(keep)
 
-    if streamer is not None:
-        streamer.end()
+    if settings.streamer is not None:
+        settings.streamer.end()
     return DecodeResult(
-        sequences=output_sequences(every_row, pad_token_id),
+        sequences=output_sequences(every_row, settings.pad_token_id),
         stats=combined_stats(every_row, batch_steps),
-        scores=per_token(every_row, [row.scores for row in every_row]) if output_scores else None,
-        logits=per_token(every_row, [row.logits for row in every_row]) if output_logits else None,
+        scores=per_token(every_row, [row.scores for row in every_row]) if settings.output_scores else None,
+        logits=per_token(every_row, [row.logits for row in every_row]) if settings.output_logits else None,
     )
