@@ -360,17 +360,19 @@ def test_lockstep_batches_every_round_and_drops_finished_tasks():
     rounds = []
 
     def task(row, layers):
-        def run(call):
-            return [call((row, layer)) for layer in range(layers)]
-        return run
+        answers = []
+        for layer in range(layers):
+            answers.append((yield (row, layer)))
+        return answers
 
     def answer_all(requests):
         rounds.append(list(requests))
-        return [f"{row}:{layer}" for row, layer in requests]
+        return [None if request is None else f"{request[0]}:{request[1]}" for request in requests]
 
     results = run_in_lockstep([task(0, 2), task(1, 0), task(2, 3)], answer_all)
     assert results == [["0:0", "0:1"], [], ["2:0", "2:1", "2:2"]]
-    assert rounds == [[(0, 0), (2, 0)], [(0, 1), (2, 1)], [(2, 2)]]  # one call per round, row order
+    # one call per round, in row order; a row that has returned asks nothing
+    assert rounds == [[(0, 0), None, (2, 0)], [(0, 1), None, (2, 1)], [None, None, (2, 2)]]
 
 
 def test_lockstep_reraises_a_failing_task_and_ends_the_others():
@@ -378,20 +380,23 @@ def test_lockstep_reraises_a_failing_task_and_ends_the_others():
 
     from opttree.loop.lockstep import run_in_lockstep
 
-    def waits_forever(call):
-        while True:
-            call("again")
+    ended = []
 
-    def fails(call):
-        call("once")
+    def waits_forever(name):
+        try:
+            while True:
+                yield "again"
+        finally:
+            ended.append(name)
+
+    def fails():
+        yield "once"
         raise RuntimeError("boom")
 
     before = threading.active_count()
     with pytest.raises(RuntimeError, match="boom"):
-        run_in_lockstep([waits_forever, fails, waits_forever], lambda requests: [None] * len(requests))
-    for thread in threading.enumerate():
-        if thread is not threading.current_thread() and thread.daemon:
-            thread.join(timeout=2)
+        run_in_lockstep([waits_forever("a"), fails(), waits_forever("b")], lambda requests: [None] * len(requests))
+    assert sorted(ended) == ["a", "b"]  # every waiting task was closed
     assert threading.active_count() <= before
 
 

@@ -6,8 +6,8 @@ step's verification forward together with the row's tree. The prompts' prefill t
 one token short, and the first step verifies each prompt's last token together with its first tree.
 
 Batch size 1 is one row, not another loop: its drafter is the drafter itself
-(:meth:`Drafter.rows`), its cache needs no holes (rows.Slots), and its builder runs without
-lockstep threads. Several rows share each draft forward where the drafter batches its rows (a
+(:meth:`Drafter.rows`), its cache needs no holes (rows.Slots), and its builder runs alone in
+the lockstep. Several rows share each draft forward where the drafter batches its rows (a
 draft model), and always share the verification forward; each row keeps its own tree, budget
 policy, stopping criteria and stats, and leaves the batch when it finishes.
 """
@@ -23,7 +23,7 @@ import torch
 
 from ..drafters.base import Drafter, DrafterRows
 from ..hf.compat import with_cache
-from ..tree.builder import BuiltTree
+from ..tree.builder import BuiltTree, Growth
 from ..tree.config import TreeConfig
 from ..tree.plan import BudgetPolicy, FixedPolicy, StepPlan
 from .clock import DraftClock
@@ -31,7 +31,7 @@ from .lockstep import run_in_lockstep
 from .rows import Row, Slots, batch_step, combined_stats, commit_tokens, finish_together, left_padding, \
     output_sequences, per_token
 from ..tree.draft_tree import DraftTree
-from ..tree.strategies import build_tree
+from ..tree.strategies import grow_tree
 from ..verify.walk import Acceptance, greedy_choice, greedy_walk, sampled_choice, verify, with_rows
 from .stats import GenerationStats, StepStats
 from .stopping import StopRule
@@ -106,6 +106,12 @@ def empty_tree(device: torch.device) -> BuiltTree:
     return BuiltTree(DraftTree.empty(device), torch.empty(0, dtype=torch.long), depth_bound=0, expected_length=0.0)
 
 
+def no_tree(device: torch.device) -> Growth:
+    """The builder of a row with no room left to draft: the empty tree, without asking the drafter."""
+    yield from ()
+    return empty_tree(device)
+
+
 def draft_trees(clock: DraftClock, rows: list[Row], caps: list[int], plans: list[StepPlan],
                 settings: DecodeSettings) -> list[BuiltTree] | None:
     """Every row's tree (not deeper than its cap): one catch-up call, then one drafter call per
@@ -113,23 +119,9 @@ def draft_trees(clock: DraftClock, rows: list[Row], caps: list[int], plans: list
     if all(cap < 1 for cap in caps):
         return None
     root_probs = clock.root_probs([row.tokens for row in rows])
-
-    def task(b: int):
-        def build(call):
-            if caps[b] < 1:
-                return empty_tree(rows[b].sequence.device)
-            return build_tree(root_probs[b], lambda pool, frontier: call((b, pool, frontier)), settings.config,
-                              caps[b], generator=settings.generator, plan=plans[b])
-        return build
-
-    def answer_all(requests):  # [(row, pool, frontier)] of the rows still growing
-        per_row = [None] * len(rows)
-        for b, pool, frontier in requests:
-            per_row[b] = (pool, frontier)
-        answers = clock.expand(per_row)
-        return [answers[b] for b, _, _ in requests]
-
-    return run_in_lockstep([task(b) for b in range(len(rows))], answer_all)
+    builders = [grow_tree(root_probs[b], settings.config, caps[b], generator=settings.generator, plan=plans[b])
+                if caps[b] >= 1 else no_tree(rows[b].sequence.device) for b in range(len(rows))]
+    return run_in_lockstep(builders, clock.expand)
 
 
 def prefill(target, input_ids: torch.Tensor, mask: torch.Tensor, cache, slots: Slots, drafters: DrafterRows,

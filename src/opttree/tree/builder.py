@@ -11,11 +11,16 @@ parent's, and ties are broken parent-first).
 Two departures from the official code, both tested: a draft forward only ever sees the nodes on
 its own root path (no stale non-parent nodes in the draft mask), and no draft forward is run
 whose output is not used (the newest layer is expanded only if the tree grows again).
+
+Every builder grows its tree as a generator (a :data:`Growth`): it yields each draft request
+``(pool, frontier)``, is sent the draft's answer, and returns its :class:`BuiltTree`. So the loop
+can serve every batch row's builder with one draft forward per layer (loop/lockstep.py), and
+:func:`grown` serves one builder with a plain ``expand`` callable (the ``build_*`` functions).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Generator, Mapping
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -30,8 +35,11 @@ from .plan import LayerState
 #   frontier: [k] long, indices into pool
 #   returns:  [k, vocab] float
 Expand = Callable[[DraftTree, torch.Tensor], torch.Tensor]
-# grow(state) -> draft one more layer? (a budget policy's rule: budget.StepPlan.grow)
+# grow(state) -> draft one more layer? (a budget policy's rule: plan.StepPlan.grow)
 Grow = Callable[[LayerState], bool]
+# A builder at work: yields expand's requests (pool, frontier), is sent each answer ([k, vocab]
+# float), returns the BuiltTree.
+Growth = Generator[tuple[DraftTree, torch.Tensor], torch.Tensor, "BuiltTree"]
 
 
 @dataclass
@@ -136,8 +144,32 @@ def read_layer(pool_probs: torch.Tensor, layer_probs: torch.Tensor, budget: int)
     return LayerReading(int(positive), gain, min(int(frontier), int(positive)))
 
 
-def build_opt_tree(root_probs: torch.Tensor, expand: Expand, config: TreeConfig, max_depth=None, *,
-                   width: int | None = None, grow: Grow | None = None) -> BuiltTree:
+def grown(growth: Growth, expand: Expand) -> BuiltTree:
+    """The tree ``growth`` builds when each of its requests is answered by ``expand(pool, frontier)``."""
+    answer = None
+    while True:
+        try:
+            request = growth.send(answer)
+        except StopIteration as done:
+            return done.value
+        answer = expand(*request)
+
+
+def callable_form(grow_tree: Callable[..., Growth]) -> Callable[..., BuiltTree]:
+    """``build(root_probs, expand, *args, **kwargs)``: the tree ``grow_tree(root_probs, *args, **kwargs)``
+    builds with every request answered by ``expand`` (one tree at a time: tests, tools)."""
+
+    def build(root_probs: torch.Tensor, expand: Expand, *args, **kwargs) -> BuiltTree:
+        return grown(grow_tree(root_probs, *args, **kwargs), expand)
+
+    build.__name__ = build.__qualname__ = "build_" + grow_tree.__name__.removeprefix("grow_")
+    build.__module__ = grow_tree.__module__
+    build.__doc__ = f"{grow_tree.__name__} served by a plain ``expand(pool, frontier)``.\n\n{grow_tree.__doc__}"
+    return build
+
+
+def grow_opt_tree(root_probs: torch.Tensor, config: TreeConfig, max_depth=None, *,
+                  width: int | None = None, grow: Grow | None = None) -> Growth:
     """Grow an OPT-Tree: whole layers on the draft's device, one host read per layer.
 
     root_probs: [vocab] float, the draft's q for the root's children.
@@ -171,7 +203,7 @@ def build_opt_tree(root_probs: torch.Tensor, expand: Expand, config: TreeConfig,
         if grow is not None and not grow(LayerState(pool.path_probs, pool.parents, start, k)):
             break
         frontier = torch.arange(start, start + k, device=device)  # [k] pool ids
-        child_probs = expand(pool, frontier)  # [k, vocab]
+        child_probs = yield pool, frontier  # [k, vocab]
         layers.append(ExpandedLayer(frontier, child_probs))
         if child_probs.dtype != pool.path_probs.dtype:
             child_probs = child_probs.to(pool.path_probs.dtype)
@@ -191,6 +223,9 @@ def build_opt_tree(root_probs: torch.Tensor, expand: Expand, config: TreeConfig,
     keep = best_nodes(pool.path_probs, budget)
     return BuiltTree(pool.subtree(keep), keep, gains, len(layers) - 1, depth_bound=depth,
                      expected_length=gains[-1] if depth else 0.0, layers=layers)
+
+
+build_opt_tree = callable_form(grow_opt_tree)
 
 
 def from_pool(pool: DraftTree, keep: torch.Tensor, q_of_pool: dict, gains: list[float], forwards: int) -> BuiltTree:

@@ -3,7 +3,7 @@
 The sampling verifiers (:mod:`opttree.verify.sampling`) gain over the argmax walk only when a node's
 children are drawn from q rather than taken as its top tokens. They also need every node's
 existence decided before its token is drawn, from tokens drawn earlier in depth-first order only
-(the order they visit subtrees in): :func:`build_sampled_tree` grows such a tree, budgeted like
+(the order they visit subtrees in): :func:`grow_sampled_tree` grows such a tree, budgeted like
 OPT-Tree, and records each child's proposal law (``draws``: i.i.d. from q, or without replacement).
 """
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .builder import BuiltTree, Expand
+from .builder import BuiltTree, Growth, callable_form
 from .config import TreeConfig
 from .draft_tree import DraftTree
 
@@ -85,9 +85,9 @@ def _preorder(parents: list[int]) -> list[int]:
     return order
 
 
-def build_sampled_tree(root_probs: torch.Tensor, expand: Expand, config: TreeConfig, max_depth=None,
-                       generator: torch.Generator | None = None, draws: str = "without_replacement", *,
-                       width: int | None = None, grow=None) -> SampledTree:
+def grow_sampled_tree(root_probs: torch.Tensor, config: TreeConfig, max_depth=None,
+                      generator: torch.Generator | None = None, draws: str = "without_replacement", *,
+                      width: int | None = None, grow=None) -> Growth:
     """A tree whose children are drawn from the draft's q, budgeted like OPT-Tree.
 
     root_probs: [vocab] float. A node of path probability p̂ gets as many children as there are
@@ -133,7 +133,7 @@ def build_sampled_tree(root_probs: torch.Tensor, expand: Expand, config: TreeCon
         if not frontier:
             break
         pool = _pool(tokens, parents, probs, device, root_probs.dtype)
-        child_probs = expand(pool, torch.tensor(frontier, dtype=torch.long, device=device))  # [k, vocab]
+        child_probs = yield pool, torch.tensor(frontier, dtype=torch.long, device=device)  # [k, vocab]
         forwards += 1
         start = len(tokens)
         for node, q in zip(frontier, child_probs):
@@ -153,7 +153,8 @@ def build_sampled_tree(root_probs: torch.Tensor, expand: Expand, config: TreeCon
     return SampledTree(tree, keep, [tree.expected_length], forwards, draft_probs, draws=draws)
 
 
-build_sampled_tree.takes_generator = True  # strategies.build_tree hands it generate()'s generator
+grow_sampled_tree.takes_generator = True  # strategies.grow_tree hands it generate()'s generator
+build_sampled_tree = callable_form(grow_sampled_tree)
 
 
 def _pool(tokens, parents, probs, device, dtype) -> DraftTree:

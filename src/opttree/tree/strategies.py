@@ -1,9 +1,11 @@
-"""Tree strategies behind one interface: ``build(root_probs, expand, config, max_depth) -> BuiltTree``.
+"""Tree strategies behind one interface: ``grow(root_probs, config, max_depth) -> Growth``.
 
-Each strategy grows a :class:`~opttree.tree.builder.BuiltTree` from the draft's q at the root and an
-``expand(pool, frontier)`` callback (see builder.py). The pool a strategy hands to ``expand`` only
-ever grows by appending (pool ids are stable), every frontier node's parent was expanded before
-it (a model drafter has its ancestors in its cache), and ``BuiltTree.pool_ids`` index that pool.
+Each strategy grows a :class:`~opttree.tree.builder.BuiltTree` from the draft's q at the root,
+yielding each draft request ``(pool, frontier)`` and receiving the draft's answer (a
+:data:`~opttree.tree.builder.Growth`; its ``build_*`` twin takes an ``expand(pool, frontier)``
+callable instead, see builder.py). The pool a strategy asks about only ever grows by appending
+(pool ids are stable), every frontier node's parent was expanded before it (a model drafter has
+its ancestors in its cache), and ``BuiltTree.pool_ids`` index that pool.
 
 - ``"opt"``: OPT-Tree (Wang et al., arXiv 2406.17276), layer by layer; builder.py.
 - ``"heap"``: DySpec's greedy expansion (Xiong et al., arXiv 2410.11744): always expand the most
@@ -33,11 +35,12 @@ from dataclasses import replace
 
 import torch
 
-from .builder import BuiltTree, Expand, Grow, best_nodes, build_opt_tree, from_pool, select, top_children
+from .builder import (BuiltTree, Grow, Growth, best_nodes, callable_form, from_pool, grow_opt_tree, select,
+                      top_children)
 from .config import TreeConfig
 from .draft_tree import DraftTree
 from .plan import LayerState, StepPlan
-from .sampled import build_sampled_tree
+from .sampled import grow_sampled_tree
 from .static_trees import DEFAULT_STATIC_TREE, check_paths
 
 HEAP_NODES_PER_FORWARD = 8  # "heap": expand about nodes / 8 nodes per draft forward (at least 1)
@@ -67,8 +70,8 @@ def heap_batch(budget: int) -> int:
     return max(1, math.ceil(budget / HEAP_NODES_PER_FORWARD))
 
 
-def build_heap_tree(root_probs: torch.Tensor, expand: Expand, config: TreeConfig, max_depth=None,
-                    batch: int | None = None, *, width: int | None = None, grow: Grow | None = None) -> BuiltTree:
+def grow_heap_tree(root_probs: torch.Tensor, config: TreeConfig, max_depth=None, batch: int | None = None, *,
+                   width: int | None = None, grow: Grow | None = None) -> Growth:
     """The E(A)-optimal ``config.nodes``-node tree, by best-first expansion.
 
     root_probs: [vocab] float. batch: nodes expanded per draft forward (default: nodes / 8, at
@@ -101,7 +104,7 @@ def build_heap_tree(root_probs: torch.Tensor, expand: Expand, config: TreeConfig
         if grow is not None and not grow(LayerState(pool.path_probs, pool.parents, previous_size, len(frontier))):
             break
         previous_size = len(pool)
-        child_probs = expand(pool, frontier)  # [k, vocab]
+        child_probs = yield pool, frontier  # [k, vocab]
         forwards += 1
         expanded[frontier] = True
         q_of_pool.update(zip(frontier.tolist(), child_probs))
@@ -114,14 +117,17 @@ def build_heap_tree(root_probs: torch.Tensor, expand: Expand, config: TreeConfig
     return from_pool(pool, best_nodes(pool.path_probs, budget), q_of_pool, gains, forwards)
 
 
+build_heap_tree = callable_form(grow_heap_tree)
+
+
 # ---------------------------------------------------------------------------------------------
 # "chain" and "delayed"
 
 
-def _greedy_path(root_probs: torch.Tensor, expand: Expand, length: int, grow: Grow | None = None):
-    """A path of up to ``length`` draft-argmax tokens: (pool, q_of_pool, forwards); the tip not
-    expanded. grow: asked before each draft forward (None: always). One host read per token
-    (whether its p̂ is still positive)."""
+def _greedy_path(root_probs: torch.Tensor, length: int, grow: Grow | None = None):
+    """Grows a path of up to ``length`` draft-argmax tokens, returns (pool, q_of_pool, forwards);
+    the tip not expanded. grow: asked before each draft forward (None: always). One host read per
+    token (whether its p̂ is still positive)."""
     device = root_probs.device
     q_of_pool = {-1: root_probs}
     q, pool, forwards = root_probs, DraftTree.empty(device, root_probs.dtype), 0
@@ -129,7 +135,7 @@ def _greedy_path(root_probs: torch.Tensor, expand: Expand, length: int, grow: Gr
         if i > 0:
             if grow is not None and not grow(LayerState(pool.path_probs, pool.parents, i - 1, 1)):
                 break
-            q = expand(pool, torch.arange(i - 1, i, device=device))[0]
+            q = (yield pool, torch.arange(i - 1, i, device=device))[0]
             forwards += 1
             q_of_pool[i - 1] = q
         best = q.max(dim=0)  # ties: the first maximal token, as argmax
@@ -142,17 +148,20 @@ def _greedy_path(root_probs: torch.Tensor, expand: Expand, length: int, grow: Gr
     return pool, q_of_pool, forwards
 
 
-def build_chain(root_probs: torch.Tensor, expand: Expand, config: TreeConfig, max_depth=None, *,
-                width: int | None = None, grow: Grow | None = None) -> BuiltTree:
+def grow_chain(root_probs: torch.Tensor, config: TreeConfig, max_depth=None, *,
+               width: int | None = None, grow: Grow | None = None) -> Growth:
     """root_probs: [vocab] float. One path of min(nodes, depth cap) draft-greedy tokens (fewer
     when ``grow`` stops it; ``width`` is always 1)."""
     length = min(config.nodes, _depth_cap(config, max_depth))
     if length < 1:
         return _empty(root_probs.device)
-    pool, q_of_pool, forwards = _greedy_path(root_probs, expand, length, grow)
+    pool, q_of_pool, forwards = yield from _greedy_path(root_probs, length, grow)
     ids = torch.arange(len(pool), device=pool.tokens.device)
     expected = pool.expected_length
     return BuiltTree(pool, ids, [expected], forwards, q_of_pool, depth_bound=len(pool), expected_length=expected)
+
+
+build_chain = callable_form(grow_chain)
 
 
 def _graft(stem: DraftTree, sub: DraftTree) -> DraftTree:
@@ -163,27 +172,36 @@ def _graft(stem: DraftTree, sub: DraftTree) -> DraftTree:
                      torch.cat([stem.path_probs, sub.path_probs * stem.path_probs[tip]]))
 
 
-def build_delayed_tree(root_probs: torch.Tensor, expand: Expand, config: TreeConfig, max_depth=None,
-                       delay: int = DELAY, *, width: int | None = None, grow: Grow | None = None) -> BuiltTree:
+def _below(stem: DraftTree, growth: Growth) -> Growth:
+    """``growth``, a tree grown under the stem's tip, with its requests asked of the whole pool (the
+    stem, then the sub-tree's pool behind it)."""
+    answer = None
+    while True:
+        try:
+            sub_pool, frontier = growth.send(answer)
+        except StopIteration as done:
+            return done.value
+        answer = yield _graft(stem, sub_pool), frontier + len(stem)
+
+
+def grow_delayed_tree(root_probs: torch.Tensor, config: TreeConfig, max_depth=None, delay: int = DELAY, *,
+                      width: int | None = None, grow: Grow | None = None) -> Growth:
     """root_probs: [vocab] float. ``delay`` draft-greedy tokens, then an OPT-Tree below the last
     one with the remaining budget and depth (``width`` and ``grow`` apply to that OPT-Tree)."""
     budget, depth_cap = config.nodes, _depth_cap(config, max_depth)
     stem_len = min(delay, budget, depth_cap)
     if stem_len < 1:
         return _empty(root_probs.device)
-    stem, q_of_pool, forwards = _greedy_path(root_probs, expand, stem_len)
+    stem, q_of_pool, forwards = yield from _greedy_path(root_probs, stem_len)
     whole = torch.arange(len(stem), device=stem.tokens.device)
     if len(stem) < stem_len or budget == stem_len or depth_cap == stem_len:
         return from_pool(stem, whole, q_of_pool, [stem.expected_length], forwards)
 
     # the branching part: an OPT-Tree rooted at the stem's tip, its pool kept behind the stem's
     tip = len(stem) - 1
-    tip_probs = expand(stem, torch.tensor([tip], device=stem.tokens.device))[0]
+    tip_probs = (yield stem, torch.tensor([tip], device=stem.tokens.device))[0]
     forwards += 1
     q_of_pool[tip] = tip_probs
-
-    def expand_below(sub_pool: DraftTree, frontier: torch.Tensor) -> torch.Tensor:
-        return expand(_graft(stem, sub_pool), frontier + len(stem))
 
     sub_grow = None
     if grow is not None:  # the policy sees absolute p̂: the stem's, then the sub-tree's below the tip
@@ -193,8 +211,8 @@ def build_delayed_tree(root_probs: torch.Tensor, expand: Expand, config: TreeCon
                                                            torch.full_like(state.parents, tip))])
             return grow(LayerState(probs, parents, state.previous + len(stem), state.next_width))
 
-    sub = build_opt_tree(tip_probs, expand_below, replace(config, nodes=budget - stem_len), depth_cap - stem_len,
-                         width=width, grow=sub_grow)
+    sub = yield from _below(stem, grow_opt_tree(tip_probs, replace(config, nodes=budget - stem_len),
+                                                depth_cap - stem_len, width=width, grow=sub_grow))
     tree = _graft(stem, sub.tree)
     pool_ids = torch.cat([whole, sub.pool_ids + len(stem)])
     draft_probs = {i: q_of_pool[i] for i in range(-1, len(stem))}
@@ -203,12 +221,15 @@ def build_delayed_tree(root_probs: torch.Tensor, expand: Expand, config: TreeCon
     return BuiltTree(tree, pool_ids, gains, forwards + sub.draft_forwards, draft_probs)
 
 
+build_delayed_tree = callable_form(grow_delayed_tree)
+
+
 # ---------------------------------------------------------------------------------------------
 # "static": a fixed shape
 
 
-def build_static_tree(root_probs: torch.Tensor, expand: Expand, config: TreeConfig, max_depth=None, *,
-                      width: int | None = None, grow: Grow | None = None) -> BuiltTree:
+def grow_static_tree(root_probs: torch.Tensor, config: TreeConfig, max_depth=None, *,
+                     width: int | None = None, grow: Grow | None = None) -> Growth:
     """root_probs: [vocab] float. Fill ``config.static_tree`` (sibling-rank paths) with the draft's
     ranked tokens, one draft forward per depth; nodes beyond the depth cap, or whose token has
     q = 0, are dropped (with their descendants); then the best ``nodes`` by p̂ are kept. A fixed
@@ -229,7 +250,7 @@ def build_static_tree(root_probs: torch.Tensor, expand: Expand, config: TreeConf
         parents = sorted({index[p[:-1]] for p in layer})
         if depth > 1:
             frontier = torch.tensor(parents, dtype=torch.long, device=device)
-            q_of_pool.update(zip(parents, expand(pool, frontier)))
+            q_of_pool.update(zip(parents, (yield pool, frontier)))
             forwards += 1
         tokens, parent_ids, probs = [], [], []
         for path in layer:
@@ -251,18 +272,21 @@ def build_static_tree(root_probs: torch.Tensor, expand: Expand, config: TreeConf
     return from_pool(pool, keep, q_of_pool, [pool.expected_length], forwards)
 
 
-BUILDERS = {
-    "opt": build_opt_tree,
-    "heap": build_heap_tree,
-    "delayed": build_delayed_tree,
-    "chain": build_chain,
-    "static": build_static_tree,
-    "sampled": build_sampled_tree,
+build_static_tree = callable_form(grow_static_tree)
+
+
+BUILDERS = {  # strategy -> its growing builder
+    "opt": grow_opt_tree,
+    "heap": grow_heap_tree,
+    "delayed": grow_delayed_tree,
+    "chain": grow_chain,
+    "static": grow_static_tree,
+    "sampled": grow_sampled_tree,
 }
 
 
-def build_tree(root_probs: torch.Tensor, expand: Expand, config: TreeConfig, max_depth: int | None = None,
-               generator: torch.Generator | None = None, plan: StepPlan | None = None) -> BuiltTree:
+def grow_tree(root_probs: torch.Tensor, config: TreeConfig, max_depth: int | None = None,
+              generator: torch.Generator | None = None, plan: StepPlan | None = None) -> Growth:
     """root_probs: [vocab] float; max_depth: this step's cap (tokens left, context left).
 
     plan: this step's budget from a :class:`~opttree.tree.plan.BudgetPolicy` (default: ``config``'s
@@ -277,7 +301,10 @@ def build_tree(root_probs: torch.Tensor, expand: Expand, config: TreeConfig, max
     step_config = replace(config, nodes=plan.nodes, threshold=plan.threshold)
     builder = BUILDERS[config.strategy]
     extra = {"generator": generator} if getattr(builder, "takes_generator", False) else {}  # "sampled" draws
-    built = builder(root_probs, expand, step_config, max_depth, width=plan.width, grow=plan.grow, **extra)
+    built = yield from builder(root_probs, step_config, max_depth, width=plan.width, grow=plan.grow, **extra)
     if plan.size is not None and type(built) is BuiltTree:  # subclasses keep their own order
         built = keep_best(built, plan.size(built.tree.path_probs))
     return built
+
+
+build_tree = callable_form(grow_tree)
