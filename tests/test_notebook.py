@@ -39,6 +39,13 @@ def run_notebook() -> tuple[dict, int]:
     return namespace, figures
 
 
+def test_the_notebook_is_stored_without_outputs():
+    """Outputs are made by running it, not kept in git (pictures and numbers of one machine and day)."""
+    notebook = json.loads(NOTEBOOK.read_text())
+    code = [cell for cell in notebook["cells"] if cell["cell_type"] == "code"]
+    assert code and all(cell["outputs"] == [] and cell["execution_count"] is None for cell in code)
+
+
 def test_notebook_runs_and_draws(monkeypatch):
     monkeypatch.setenv("OPTTREE_NOTEBOOK_REAL", "0")
     namespace, figures = run_notebook()
