@@ -1,5 +1,6 @@
 """No import cycles inside opttree, counting the imports hidden inside functions (which only move a
-cycle's failure from import time to call time). Cycles still to be broken are listed by name."""
+cycle's failure from import time to call time). Cycles still to be broken are listed by name. And no
+folder imports a folder above it (the layering each folder's __init__.py states)."""
 
 import ast
 from pathlib import Path
@@ -91,3 +92,43 @@ def test_the_checker_finds_a_cycle_hidden_in_a_function(tmp_path):
     (package / "sub" / "__init__.py").write_text("from .c import h\n")
     (package / "sub" / "c.py").write_text("from .. import a\n\ndef h():\n    from . import h\n")
     assert cycles(import_graph(package)) == {frozenset({"pkg.a", "pkg.b"}), frozenset({"pkg.sub", "pkg.sub.c"})}
+
+
+# Each folder of opttree and the folders it may import (its __init__.py says why): the face on top,
+# then the loop, the drafters, the budget and the verifiers, with the tree and hf at the ground.
+MAY_IMPORT = {
+    "integration": {"loop", "budget", "drafters", "verify", "tree", "hf"},
+    "loop": {"drafters", "verify", "tree", "hf"},
+    "budget": {"drafters", "tree", "hf"},
+    "drafters": {"tree", "hf", "distill"},  # distill: make.py loads a draft folder (lazily)
+    "verify": {"tree"},
+    "tools": {"loop", "tree"},
+    "tree": set(),
+    "hf": set(),
+}
+
+
+FOLDERS = set(MAY_IMPORT) | {"distill", "bench"}
+
+
+def folder_of(module: str) -> str:
+    """opttree.loop.rows -> "loop"; opttree.cli (a module of the top) -> "" (the package itself)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in FOLDERS else ""
+
+
+def wrong_imports(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """The imports of a module in a folder of MAY_IMPORT that reach a folder it may not import."""
+    return sorted((m, t) for m, ts in graph.items() for t in ts
+                  if folder_of(m) in MAY_IMPORT and folder_of(t) != folder_of(m)
+                  and folder_of(t) not in MAY_IMPORT[folder_of(m)])
+
+
+def test_each_folder_imports_only_the_folders_below_it():
+    graph = import_graph(Path(opttree.__file__).parent)
+    assert wrong_imports(graph) == []
+    crossings = {(folder_of(m), folder_of(t)) for m, ts in graph.items() for t in ts}
+    assert ("loop", "tree") in crossings and ("integration", "loop") in crossings  # the graph sees them (control)
+    # negative control: an arrow back up is caught
+    up = {"opttree.tree.builder": {"opttree.loop.rows"}}
+    assert wrong_imports(up) == [("opttree.tree.builder", "opttree.loop.rows")]
