@@ -1,4 +1,4 @@
-"""Does opttree's few-row linear kernel (``opttree.fast_linear``) pay on this machine?
+"""Does opttree's few-row linear kernel (``opttree.hf.fast_linear``) pay on this machine?
 
 Times one target forward over a root and n tree nodes on a cached prefix (the verify of a decoding
 step; ``opttree.budget.calibration.measure_verify``) with the kernel off, on, and in ``auto`` mode, and prints

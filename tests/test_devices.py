@@ -67,7 +67,7 @@ def test_half_precision_node_logits_equal_path_logits(family, attn, dtype):
 @pytest.mark.parametrize("family", ["llama", "qwen2", "phi3"])
 def test_the_tolerance_catches_a_bool_mask_in_bf16_eager(family):
     """Negative control: a bool 4D mask gives wrong logits in bf16 with eager attention (the reason
-    masks.py builds additive masks in the model dtype); the tolerance above must see it."""
+    tree/masks.py builds additive masks in the model dtype); the tolerance above must see it."""
     model = peaked(tiny_model(family, attn="eager", dtype=torch.bfloat16), scale=30.0)
     prefix = torch.randint(3, 90, (9,), generator=torch.Generator().manual_seed(0))
     tree = random_tree(12, 90, seed=1)

@@ -229,7 +229,7 @@ def test_a_model_the_kernel_cannot_help_gets_no_mode(dtype):
     In bf16 this random model's plain logits at new token 1 hold an exact tie (tokens 42 and 65 both
     0.310546875); the verification forward's rounding may put either first, depending on the CPU's
     kernels (AVX2: 65, one bf16 unit above 42; AVX-512: 42), so bf16 output is checked by the near-tie
-    rule (opttree.ties), float32 output for exact equality."""
+    rule (opttree.tools.ties), float32 output for exact equality."""
     from models import tiny_model
     from opttree import speculative_generate
     from opttree.tools.ties import check_greedy

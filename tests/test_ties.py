@@ -1,4 +1,4 @@
-"""The near-tie rule for low-precision greedy equality (opttree.ties): the classifier on synthetic
+"""The near-tie rule for low-precision greedy equality (opttree.tools.ties): the classifier on synthetic
 scores, opttree on tiny random models in bf16 and fp16 (equal or a tie, never a mismatch), a tie
 made on purpose through the whole loop, and negative controls: a verifier that emits a non-argmax
 token, and outputs with one token changed, are mismatches."""
