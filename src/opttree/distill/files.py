@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import torch
+
 META_FILE = "opttree_draft.json"
 WEIGHTS_FILE = "model.safetensors"
 REWRITE = "write the folder again with `opttree distill` (or restore the files it wrote)"
@@ -19,6 +21,18 @@ def embedding_checksum(target) -> float:
     """A cheap fingerprint of the target's input embedding (warns on the wrong target)."""
     weight = target.get_input_embeddings().weight
     return float(weight[:64].double().sum().item())
+
+
+def embedding_matches(target, checksum: float) -> bool:
+    """Whether ``target``'s embedding is the one whose :func:`embedding_checksum` was ``checksum``,
+    in whatever precision the target now runs. Rounding each weight w to the target's dtype errs by
+    at most |w| eps/2, unbiased and independent across weights, so the sum moves by about
+    eps/(2 sqrt 3) * ||w||; the tolerance is 4 eps ||w|| (~14 of those), which a bf16 or fp16 copy
+    of the same target meets and another target's rows do not."""
+    weight = target.get_input_embeddings().weight[:64].double()
+    eps = torch.finfo(target.get_input_embeddings().weight.dtype).eps
+    tolerance = max(1e-3 * max(1.0, abs(checksum)), 4 * eps * float(weight.norm().item()))
+    return abs(float(weight.sum().item()) - checksum) <= tolerance
 
 
 @dataclass(frozen=True)

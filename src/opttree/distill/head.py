@@ -18,7 +18,7 @@ import torch
 
 from ..drafters.feature_head import FeatureHead, HeadConfig
 from .files import (COUNT, INDEX_OR_NULL, INTEGERS, META_FILE, NUMBER, OBJECT, POSITIVE, TEXT, WEIGHTS_FILE,
-                    check_format, embedding_checksum, first_problem, parse_meta, read_meta, read_weights,
+                    check_format, embedding_checksum, embedding_matches, first_problem, parse_meta, read_meta, read_weights,
                     weights_mismatch)
 
 logger = logging.getLogger(__name__)
@@ -118,7 +118,7 @@ def load_head(path: str | Path, target) -> FeatureHead:
             f"{c.vocab_size}; this target has {config.hidden_size} and {config.vocab_size}: pass the "
             "target it was trained on, or train one for this target with `opttree distill --kind head`"
         )
-    if abs(embedding_checksum(target) - meta.target_embedding_checksum) > 1e-3 * max(1.0, abs(meta.target_embedding_checksum)):
+    if not embedding_matches(target, meta.target_embedding_checksum):
         logger.warning("%s: the target's embedding differs from the one the head was trained on", path)
     state = read_weights(path)
     ids = state.get("token_ids")

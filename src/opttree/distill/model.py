@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .files import (COUNT, INDEXES, META_FILE, NUMBER, TEXT, WEIGHTS_FILE, check_format, embedding_checksum,
+from .files import (COUNT, INDEXES, META_FILE, NUMBER, TEXT, WEIGHTS_FILE, check_format, embedding_checksum, embedding_matches,
                     first_problem, parse_meta, read_meta, read_weights, weights_mismatch)
 from .head import HEAD_FORMAT, load_head
 
@@ -180,8 +180,7 @@ def load_draft(path: str | Path, target, dtype: torch.dtype | None = None):
             f"size {meta.target_hidden_size}; this target has {target.config.vocab_size} and "
             f"{target.config.hidden_size}"
         )
-    checksum = embedding_checksum(target)
-    if abs(checksum - meta.target_embedding_checksum) > 1e-3 * max(1.0, abs(checksum)):
+    if not embedding_matches(target, meta.target_embedding_checksum):
         logger.warning("%s: the target's embedding differs from the one it was distilled from", path)
     config = LlamaConfig.from_pretrained(path)
     config._attn_implementation = "sdpa"
