@@ -63,9 +63,15 @@ def build_parser(prog: str = "opttree distill") -> argparse.ArgumentParser:
                         "(HF format, or holding one .gguf file); required without --recipe")
     p.add_argument("--out", required=True, help="output folder of the draft")
     p.add_argument("--cache", help="data cache folder; default: $OPTTREE_CACHE/distill/<target>")
-    p.add_argument("--stage", choices=["all", "data", "features", "train"], default="all",
+    p.add_argument("--stage", choices=["all", "data", "features", "train", "probe"], default="all",
                    help="all: every step; data: answer prompts only; features (with --recipe): stop after "
-                        "the features; train: train on the cached data")
+                        "the features; train: train on the cached data; probe (with --recipe): time both "
+                        "precisions on the round's shapes, print tokens/s per stage, and stop")
+    p.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto",
+                   help="with --recipe: auto times a short probe of bf16 (autocast, float32 master weights) and "
+                        "fp32 on the round's shapes and picks the faster per stage (kept in <cache>/precision.json "
+                        "for this machine); bf16 / fp32 name it")
+    p.add_argument("--probe-seconds", type=float, default=1.0, help="seconds each precision's probe runs")
     p.add_argument("--kind", choices=["head", "layers"], default="head",
                    help="head: an EAGLE-style feature head; layers: an independent small model")
     g = p.add_argument_group("data")
@@ -167,12 +173,31 @@ def _run_recipe(args) -> int:
         build_parser().error("--recipe needs --cache (the folder that holds its data and stages)")
     recipe = load_recipe(args.recipe)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if args.stage == "probe":
+        return _probe(recipe, device, args.probe_seconds)
     until = args.stage if args.stage in ("data", "features") else "all"
-    manifest = run_recipe(recipe, args.cache, args.out if until == "all" else None, device, until)
+    manifest = run_recipe(recipe, args.cache, args.out if until == "all" else None, device, until,
+                          args.precision, args.probe_seconds)
     if until == "all":
         last = manifest["stages"][recipe.stages[-1].name]
         logger.info("%s: draft saved to %s; validation agreement by depth %s", recipe.name, args.out,
                     " ".join(f"{a:.3f}" for a in last["val_agreement_by_depth"]))
+    return 0
+
+
+def _probe(recipe, device: str, seconds: float) -> int:
+    """``--stage probe``: measure both precisions on the recipe's shapes and print them (nothing is kept)."""
+    from .precision import bf16_flags, choose, machine_name, probe_round
+    from .recipe_run import load_recipe_target
+
+    target, _ = load_recipe_target(recipe, device)
+    cfg = recipe.train_config(recipe.stages[0])
+    probes = probe_round(target, cfg, recipe.features.layers, seconds, feature_tokens=min(256, recipe.features.max_len),
+                         train_tokens=min(512, cfg.batch_tokens), topk=recipe.features.topk)
+    print(choose(probes, machine_name(device)).report())
+    print(f"  CPU flags (not used to decide): {' '.join(bf16_flags()) or 'none read'}")
+    for p in probes:
+        print(f"  {p.stage:8s} {p.precision}: {p.calls} call(s) of {p.tokens} positions in {p.seconds:.2f} s")
     return 0
 
 

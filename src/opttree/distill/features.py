@@ -69,6 +69,7 @@ def features_of(target, ids: torch.Tensor, topk: int, bf16: bool = False,
         "topk_ids": top_ids.to(torch.int32).cpu(),
         "topk_logits": top_logits.to(torch.float16).cpu(),
         "layers": list(layers),
+        "bf16": bool(bf16),  # the precision of the forward that made it
     }
 
 

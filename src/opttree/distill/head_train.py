@@ -30,6 +30,7 @@ user's text then inflate the validation number: they are not what the head draft
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -74,6 +75,7 @@ class HeadTrainConfig:
     answers_only: bool = False  # loss only where the label is an answer token (needs answer_marker)
     num_layers: int = 1  # decoder layers of the head (HeadConfig.num_layers)
     feature_layers: tuple[int, ...] = (-1,)  # target layers the head reads (HeadConfig.feature_layers)
+    soft_weight: float = 0.5  # loss: this × CE to the target's top-k distribution + the rest × CE to its argmax
     checkpoint_every: int = 25  # steps between checkpoints (with a checkpoint_dir; 0: at evaluations only)
 
 
@@ -114,7 +116,7 @@ def unrolled(head: FeatureHead, batch: FeatureBatch, unroll: int, noise: float) 
 
 def pass_loss(head: FeatureHead, g: torch.Tensor, batch: FeatureBatch, depth: int,
               full_to_kept: torch.Tensor, reg_weight: float,
-              answers_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+              answers_only: bool = False, soft_weight: float = 0.5) -> tuple[torch.Tensor, torch.Tensor]:
     """(loss, hits [N] bool) of one pass over the positions that have a root (j >= depth),
     answer positions only if ``answers_only``."""
     where = (batch.answer if answers_only else batch.valid).clone()
@@ -122,7 +124,7 @@ def pass_loss(head: FeatureHead, g: torch.Tensor, batch: FeatureBatch, depth: in
     pred, true = g[where], batch.features[..., -g.shape[-1]:][where]  # [N, H]: f_j is the last layer
     logits = head.reduced_logits(pred)  # [N, K]
     ids = batch.topk_ids[where]
-    loss = soft_hard_loss(logits, ids, batch.topk_logits[where], ids[:, 0], full_to_kept)
+    loss = soft_hard_loss(logits, ids, batch.topk_logits[where], ids[:, 0], full_to_kept, soft_weight=soft_weight)
     loss = loss + reg_weight * nn.functional.smooth_l1_loss(pred, true)
     hits = head.token_ids[logits.argmax(-1)] == ids[:, 0]
     return loss, hits
@@ -188,7 +190,8 @@ def train_step(head: FeatureHead, optim: torch.optim.Optimizer, batch: FeatureBa
     for group in optim.param_groups:
         group["lr"] = lr
     with torch.autocast(device_type=head.device.type, dtype=torch.bfloat16, enabled=cfg.bf16):
-        loss = sum(cfg.decay ** d * pass_loss(head, g, batch, d, full_to_kept, cfg.reg_weight, cfg.answers_only)[0]
+        loss = sum(cfg.decay ** d * pass_loss(head, g, batch, d, full_to_kept, cfg.reg_weight, cfg.answers_only,
+                                              cfg.soft_weight)[0]
                    for d, g in enumerate(unrolled(head, batch, cfg.unroll, cfg.noise)))
     optim.zero_grad(set_to_none=True)
     loss.backward()
@@ -204,11 +207,10 @@ EXECUTION_FIELDS = ("bf16", "checkpoint_every")
 
 def run_key(cfg: HeadTrainConfig, train: list[dict], val: list[dict], init: str | Path | None) -> str:
     """What a checkpoint belongs to: the settings that shape the result, the data's size and the init."""
-    from .recipe import fingerprint
-
     settings = {k: v for k, v in asdict(cfg).items() if k not in EXECUTION_FIELDS}
     sizes = [len(train), sum(len(r["input_ids"]) for r in train), len(val), sum(len(r["input_ids"]) for r in val)]
-    return fingerprint({"settings": settings, "sizes": sizes, "init": str(init) if init else ""})
+    text = json.dumps({"settings": settings, "sizes": sizes, "init": str(init) if init else ""}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def train_head(target, records: list[dict], out_dir: str | Path, cfg: HeadTrainConfig,
