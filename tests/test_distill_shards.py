@@ -74,3 +74,35 @@ def test_the_soft_loss_is_lowest_at_the_targets_distribution():
     argmax_only[0, 1] = 0.0  # all mass on the greedy token: the hard loss's optimum, not the soft one's
     base = soft_hard_loss(at_target.detach(), topk_ids, topk_logits, topk_ids[:, 0], full_to_kept, soft_weight=1.0)
     assert soft_hard_loss(argmax_only, topk_ids, topk_logits, topk_ids[:, 0], full_to_kept, soft_weight=1.0) > base + 1
+
+
+def test_kept_vocabulary_coverage_is_ranked_on_training_texts_and_counted_on_held_out_ones():
+    from opttree.distill.coverage import coverage
+
+    def record(greedy):
+        ids = torch.tensor(greedy)[:, None].repeat(1, 2)  # [N, 2] top-2 ids, the greedy first
+        return {"input_ids": torch.arange(len(greedy)), "topk_ids": ids}
+
+    train = [record([1, 1, 1, 2, 2, 3])]  # ranked 1, 2, 3, then the rest by id
+    held = [record([1, 2, 3, 4])]
+    c = coverage(train, held, sizes=(1, 2, 3, 10))
+    assert [x.covered for x in c] == [0.25, 0.5, 0.75, 1.0] and c[0].tokens == 4
+
+
+def test_coverage_stage_prints_per_source(tmp_path, capsys, monkeypatch):
+    from opttree.distill import cli
+    from opttree.distill.recipe import parse_recipe
+    from opttree.distill.recipe_run import features_folder
+
+    recipe = parse_recipe({"source": [{"name": "t", "kind": "teacher", "count": 4}], "stage": [{"name": "s"}]},
+                          tmp_path)
+    folder = features_folder(tmp_path / "cache", recipe, recipe.sources[0])
+    folder.mkdir(parents=True)
+    g = torch.Generator().manual_seed(0)
+    save_records([{"input_ids": torch.arange(50), "topk_ids": torch.randint(0, 40, (50, 4), generator=g)}
+                  for _ in range(20)], folder / "shard_00000.safetensors")
+    monkeypatch.setattr("opttree.distill.recipe.load_recipe", lambda path: recipe)
+    assert cli.main(["--recipe", "r.toml", "--cache", str(tmp_path / "cache"), "--out", "x",
+                     "--stage", "coverage"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("t: 8192: 100.0%") and "all: 8192: 100.0%" in out

@@ -63,10 +63,12 @@ def build_parser(prog: str = "opttree distill") -> argparse.ArgumentParser:
                         "(HF format, or holding one .gguf file); required without --recipe")
     p.add_argument("--out", required=True, help="output folder of the draft")
     p.add_argument("--cache", help="data cache folder; default: $OPTTREE_CACHE/distill/<target>")
-    p.add_argument("--stage", choices=["all", "data", "features", "train", "probe"], default="all",
+    p.add_argument("--stage", choices=["all", "data", "features", "train", "probe", "coverage"], default="all",
                    help="all: every step; data: answer prompts only; features (with --recipe): stop after "
                         "the features; train: train on the cached data; probe (with --recipe): time both "
-                        "precisions on the round's shapes, print tokens/s per stage, and stop")
+                        "precisions on the round's shapes, print tokens/s per stage, and stop; coverage (with --recipe): "
+                        "the share of held-out greedy tokens that 8k / 16k / 32k kept tokens cover, from the cached "
+                        "features")
     p.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto",
                    help="with --recipe: auto times a short probe of bf16 (autocast, float32 master weights) and "
                         "fp32 on the round's shapes and picks the faster per stage (kept in <cache>/precision.json "
@@ -175,6 +177,8 @@ def _run_recipe(args) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if args.stage == "probe":
         return _probe(recipe, device, args.probe_seconds)
+    if args.stage == "coverage":
+        return _coverage(recipe, Path(args.cache))
     until = args.stage if args.stage in ("data", "features") else "all"
     manifest = run_recipe(recipe, args.cache, args.out if until == "all" else None, device, until,
                           args.precision, args.probe_seconds)
@@ -198,6 +202,27 @@ def _probe(recipe, device: str, seconds: float) -> int:
     print(f"  CPU flags (not used to decide): {' '.join(bf16_flags()) or 'none read'}")
     for p in probes:
         print(f"  {p.stage:8s} {p.precision}: {p.calls} call(s) of {p.tokens} positions in {p.seconds:.2f} s")
+    return 0
+
+
+def _coverage(recipe, cache: Path) -> int:
+    """``--stage coverage``: kept-vocabulary coverage per source and overall, from cached features."""
+    from .coverage import split_coverage
+    from .recipe_run import features_folder
+    from .shards import load_records, shard_paths
+
+    everything = []
+    for source in recipe.sources:
+        records = [r for p in shard_paths(features_folder(cache, recipe, source)) for r in load_records(p)]
+        everything += records
+        if records:
+            print(f"{source.name}: " + ", ".join(f"{c.size}: {c.covered:.1%}" for c in split_coverage(records))
+                  + f" of {sum(len(r['topk_ids']) for r in records):,} greedy tokens ({len(records)} texts)")
+    if not everything:
+        logger.error("no cached features under %s: run --stage features first", cache)
+        return 1
+    cov = split_coverage(everything)
+    print("all: " + ", ".join(f"{c.size}: {c.covered:.1%}" for c in cov) + f" of {cov[0].tokens:,} held-out tokens")
     return 0
 
 

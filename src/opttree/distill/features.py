@@ -91,7 +91,7 @@ def extract_features(target, sequences: list[torch.Tensor], out_dir: str | Path,
         save_records(records, out_dir / shard_name(s // shard_size))
         tokens = sum(len(r["input_ids"]) for r in records)
         done += tokens
-        logger.debug("features: %d/%d texts, %.0f tok/s", min(s + shard_size, len(sequences)),
+        logger.info("features: %d/%d texts, %.0f tok/s", min(s + shard_size, len(sequences)),
                      len(sequences), done / max(time.time() - start, 1e-9))
         if bar is not None:
             bar.update(tokens)

@@ -210,7 +210,12 @@ def run_recipe(recipe: Recipe, cache: str | Path, out: str | Path | None, device
     manifest = {"recipe": recipe.name, "recipe_fingerprint": fingerprint(recipe), "target": recipe.target,
                 "device": device, "sources": {}, "features": {}, "stages": {}}
     records_of, feature_dirs = {}, {}
-    for source in recipe.sources:
+    choice = round_precision(recipe, target, cache, precision, device, probe_seconds) \
+        if precision and until != "data" else None
+    if choice is not None:
+        logger.info("%s", choice.report())
+        manifest["precision"] = choice.to_json()
+    for source in recipe.sources:  # each source's texts, then (unless --stage data) its features
         folder = cache / "sources" / source.name
         logger.info("source %s: %s x %d", source.name, source.kind, source.count)
         records_of[source.name] = make_source(recipe, source, target, tokenizer, folder)
@@ -218,21 +223,16 @@ def run_recipe(recipe: Recipe, cache: str | Path, out: str | Path | None, device
                                             **count_tokens(records_of[source.name]), "shards": shard_table(folder)}
         check_rebuilt(old.get("sources", {}).get(source.name, {}).get("shards", {}),
                       manifest["sources"][source.name]["shards"], f"source {source.name}")
-    _write(cache, manifest)
-    if until == "data":
-        return manifest
-    choice = round_precision(recipe, target, cache, precision, device, probe_seconds) if precision else None
-    if choice is not None:
-        logger.info("%s", choice.report())
-        manifest["precision"] = choice.to_json()
-    for source in recipe.sources:
+        _write(cache, manifest)
+        if until == "data":
+            continue
         folder = features_folder(cache, recipe, source)
         feature_dirs[source.name] = make_features(recipe, source, records_of[source.name], target, folder, choice)
         manifest["features"][source.name] = {"folder": str(folder.relative_to(cache)), "shards": shard_table(folder)}
         check_rebuilt(old.get("features", {}).get(source.name, {}).get("shards", {}),
                       manifest["features"][source.name]["shards"], f"features of {source.name}")
-    _write(cache, manifest)
-    if until == "features":
+        _write(cache, manifest)
+    if until in ("data", "features"):
         return manifest
     previous, previous_fp = None, ""
     for stage in recipe.stages:
