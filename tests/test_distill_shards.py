@@ -106,3 +106,11 @@ def test_coverage_stage_prints_per_source(tmp_path, capsys, monkeypatch):
                      "--stage", "coverage"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("t: 8192: 100.0%") and "all: 8192: 100.0%" in out
+
+
+def test_features_too_large_for_float16_stay_finite_in_bfloat16():
+    from opttree.distill.features import sixteen_bits
+
+    small, huge = torch.tensor([1.5, -3.0]), torch.tensor([1.5, 1e6])
+    assert sixteen_bits(small).dtype == torch.float16
+    assert sixteen_bits(huge).dtype == torch.bfloat16 and torch.isfinite(sixteen_bits(huge)).all()
