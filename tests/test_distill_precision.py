@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from opttree.distill import precision as P
-from opttree.distill.precision import Probe, choose, resolve, time_calls
+from opttree.distill.precision import Probe, choose, resolve
 
 
 def probes(features: dict, train: dict) -> list[Probe]:
@@ -35,20 +35,6 @@ def test_the_report_prints_what_was_measured():
     text = choose(probes({"fp32": 300, "bf16": 60}, {"fp32": 400, "bf16": 2400}), "Some CPU, 2 threads").report()
     assert "Some CPU, 2 threads" in text and "features: fp32 (bf16 60 tok/s, fp32 300 tok/s)" in text
     assert "train: bf16 (bf16 2,400 tok/s, fp32 400 tok/s)" in text
-
-
-def test_time_calls_leaves_the_warm_up_out():
-    now, calls = [0.0], []
-
-    def clock():
-        return now[0]
-
-    def fn():  # the first (warm-up) call takes 10 s, the others 0.3 s
-        now[0] += 10.0 if not calls else 0.3
-        calls.append(1)
-
-    n, seconds = time_calls(fn, 1.0, clock)
-    assert n == 4 and seconds == pytest.approx(1.2) and len(calls) == 5
 
 
 def test_named_precisions_measure_nothing(tmp_path):
@@ -95,3 +81,24 @@ def test_the_probes_run_the_real_stage_code():
     assert record["hidden"].shape == (24, 64) and record["hidden"].dtype == torch.float16
     loss = P.train_probe(target, cfg, 32, bf16=True)()
     assert isinstance(loss, float) and loss > 0
+
+
+def test_alternating_probes_see_the_same_load():
+    """A load that starts halfway through slows both candidates, not just the one timed last."""
+    now, calls = [0.0], []
+
+    def clock():
+        return now[0]
+
+    def make(name, cost):
+        def fn():
+            calls.append(name)
+            slow = 3.0 if len(calls) > 6 else 1.0  # another job starts after the sixth call
+            now[0] += cost * slow
+        return fn
+
+    timed = P.time_alternating({"fp32": make("fp32", 0.2), "bf16": make("bf16", 0.1)}, seconds=1.0, clock=clock)
+    assert calls[:4] == ["fp32", "bf16", "fp32", "bf16"]  # warm-ups, then turns
+    (n32, t32), (n16, t16) = timed["fp32"], timed["bf16"]
+    assert n32 == n16 and t16 >= 1.0
+    assert (n16 / t16) / (n32 / t32) == pytest.approx(2.0)  # the true ratio, despite the load

@@ -48,6 +48,7 @@ from .head_data import (FeatureBatch, answer_start, chunks, make_batch, pick_lay
 from .checkpoint import (TrainState, capture_rng, load_optimizer_tensors, load_train_state, optimizer_tensors,
                          restore_rng, rng_from_json, rng_to_json, save_train_state)
 from .head import HeadMeta, continued_head, grown, new_head, save_head, widened
+from .shards import sha256
 from .train import kept_tokens, lr_at, ranked_tokens, soft_hard_loss, split_records
 
 logger = logging.getLogger(__name__)
@@ -209,7 +210,8 @@ def run_key(cfg: HeadTrainConfig, train: list[dict], val: list[dict], init: str 
     """What a checkpoint belongs to: the settings that shape the result, the data's size and the init."""
     settings = {k: v for k, v in asdict(cfg).items() if k not in EXECUTION_FIELDS}
     sizes = [len(train), sum(len(r["input_ids"]) for r in train), len(val), sum(len(r["input_ids"]) for r in val)]
-    text = json.dumps({"settings": settings, "sizes": sizes, "init": str(init) if init else ""}, sort_keys=True)
+    start = sha256(Path(init) / "model.safetensors") if init else ""  # by content: folders move between machines
+    text = json.dumps({"settings": settings, "sizes": sizes, "init": start}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

@@ -91,20 +91,6 @@ def named(precision: str, machine: str = "") -> PrecisionChoice:
     return PrecisionChoice(precision, precision, (), machine, "named")
 
 
-def time_calls(fn: Callable[[], object], seconds: float, clock: Callable[[], float] = time.perf_counter,
-               max_calls: int = 1000) -> tuple[int, float]:
-    """``(calls, seconds)``: one warm-up call (not counted: kernels are picked and caches filled
-    there), then calls until ``seconds`` have passed (at least one)."""
-    fn()
-    calls, start = 0, clock()
-    while calls < max_calls:
-        fn()
-        calls += 1
-        if clock() - start >= seconds:
-            break
-    return calls, clock() - start
-
-
 def machine_name(device: torch.device | str) -> str:
     """The device as a person would name it: the GPU's name, or the CPU's model name and threads."""
     device = torch.device(device)
@@ -169,22 +155,45 @@ def train_probe(target, cfg, tokens: int, bf16: bool) -> Callable[[], object]:
     return lambda: train_step(head, optim, batch, step_cfg, full_to_kept, 1e-6)
 
 
+def time_alternating(fns: dict[str, Callable[[], object]], seconds: float,
+                     clock: Callable[[], float] = time.perf_counter, max_rounds: int = 1000) -> dict[str, tuple[int, float]]:
+    """``{name: (calls, seconds)}``: one warm-up call of each (not counted), then rounds of one call
+    of each in turn until each has run ``seconds`` (at least one round). Taking turns makes a load
+    that comes and goes on a shared machine slow every candidate alike."""
+    for fn in fns.values():
+        fn()
+    spent = {name: [0, 0.0] for name in fns}
+    for _ in range(max_rounds):
+        for name, fn in fns.items():
+            start = clock()
+            fn()
+            spent[name][0] += 1
+            spent[name][1] += clock() - start
+        if all(took >= seconds for _, took in spent.values()):
+            break
+    return {name: (calls, took) for name, (calls, took) in spent.items()}
+
+
 def probe_round(target, train_cfg, layers: tuple[int, ...] = (-1,), seconds: float = 1.0,
                 feature_tokens: int = 512, train_tokens: int = 2048, topk: int = 16) -> list[Probe]:
-    """Time both precisions on both stages (about ``seconds`` each, plus a warm-up call).
-    A precision that fails on this machine (no bf16 kernels) gets no probe."""
+    """Time both precisions on both stages, taking turns (about ``seconds`` each, plus a warm-up
+    call). A precision that fails on this machine (no bf16 kernels) gets no probe."""
+    rows = max(1, train_tokens // train_cfg.max_len)
+    makers = {"features": (lambda bf16: feature_probe(target, feature_tokens, layers, topk, bf16), feature_tokens),
+              "train": (lambda bf16: train_probe(target, train_cfg, train_tokens, bf16),
+                        rows * min(train_tokens, train_cfg.max_len))}
     out = []
-    for precision in PRECISIONS:
-        bf16 = precision == "bf16"
-        makers = {"features": (lambda: feature_probe(target, feature_tokens, layers, topk, bf16), feature_tokens),
-                  "train": (lambda: train_probe(target, train_cfg, train_tokens, bf16),
-                            max(1, train_tokens // train_cfg.max_len) * min(train_tokens, train_cfg.max_len))}
-        for stage, (make, tokens) in makers.items():
+    for stage, (make, tokens) in makers.items():
+        fns = {}
+        for precision in PRECISIONS:
             try:
-                calls, took = time_calls(make(), seconds)
-            except (RuntimeError, NotImplementedError) as error:  # no kernel for this precision here
+                fn = make(precision == "bf16")
+                fn()  # a precision without kernels here fails at once
+            except (RuntimeError, NotImplementedError) as error:
                 logger.warning("%s in %s does not run here (%s): not a candidate", stage, precision, error)
                 continue
+            fns[precision] = fn
+        for precision, (calls, took) in time_alternating(fns, seconds).items():
             out.append(Probe(stage, precision, tokens, calls, took))
     return out
 
