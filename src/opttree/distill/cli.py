@@ -22,12 +22,15 @@ trains on what is cached (for a head, it first caches the target's features of t
 command again after an interruption. Load the result with
 ``opttree.distill.load_draft(out_dir, target)`` (or pass the folder: ``draft_model=out_dir``).
 
-How long: with the defaults (1,792 prompts answered with up to 128 tokens, then 2 epochs) a
-135M-parameter target takes hours on a CPU (this project's 2-core CPU answered about 300 tokens/s
-and extracted features at about 730 tokens/s, so the data alone is about 15-30 minutes, and
-training a head for the shipped quality about 19 hours) and 10-15 minutes per round on one GPU
-(--device cuda). --max-minutes caps the training; --num-seed-prompts / --num-context-prompts
-shrink the data for a first try.
+How long (measured with `--stage probe`, SmolLM2-135M, one thread, a shared 2-core AMD EPYC with
+AVX512-BF16): target features 430-470 tokens/s in bf16 and about 290 in fp32; the head's training
+step about 410 tokens/s in bf16 and 290 in fp32. So 1 M tokens of features take about 40 minutes
+and each epoch of training over them another 40. On a shared machine use --threads 1: with two
+threads while another job held a core, both stages ran about 10x slower (20-75 tokens/s).
+Generating answers costs far more per token than teacher-forced text. One GPU does a round in
+10-15 minutes (--device cuda). --precision auto (the default with --recipe) measures which
+precision is faster on the machine; --max-minutes caps the training; --num-seed-prompts /
+--num-context-prompts shrink the data for a first try.
 """
 
 from __future__ import annotations
