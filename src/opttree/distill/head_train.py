@@ -26,6 +26,9 @@ answer, :func:`~opttree.distill.features.answer_marker`), only the positions tha
 tokens are scored in validation, and, with ``HeadTrainConfig.answers_only``, in the loss. The
 prompt still serves as context. Without it, every position counts (the system prompt and the
 user's text then inflate the validation number: they are not what the head drafts).
+
+With a ``checkpoint_dir``, a run resumes where it stopped (:mod:`.checkpoint`) and ends exactly as
+an uninterrupted run would; :func:`train_step` is also what :mod:`.precision` times.
 """
 
 from __future__ import annotations
