@@ -229,6 +229,14 @@ def _coverage(recipe, cache: Path) -> int:
     return 0
 
 
+def checkpoint_folder(cache: Path, out: str) -> Path:
+    """Where a head trained into ``out`` keeps its checkpoint: in the cache (never in the shipped
+    folder), one per output folder, so a rerun into the same folder goes on from its last step."""
+    import hashlib
+
+    return cache / "head-checkpoints" / hashlib.sha256(str(Path(out).resolve()).encode()).hexdigest()[:12]
+
+
 def _train_head(target, tokenizer, records: list[dict], cache: Path, args, always_keep: list[int]) -> int:
     from .features import answer_marker, extract_features, load_features, unique_sequences
     from .head_train import HeadTrainConfig, train_head
@@ -242,7 +250,8 @@ def _train_head(target, tokenizer, records: list[dict], cache: Path, args, alway
         eval_every=args.eval_every, seed=args.seed, save_dtype=args.save_dtype, answers_only=args.answers_only,
     )
     result = train_head(target, load_features(features), args.out, cfg, always_keep,
-                        answer_marker=answer_marker(tokenizer), init=args.init_head)
+                        answer_marker=answer_marker(tokenizer), init=args.init_head,
+                        checkpoint_dir=checkpoint_folder(cache, args.out))
     logger.info("feature head saved to %s: val agreement by depth %s after %d steps (%.1f min, %d tokens)",
                 result.path, " ".join(f"{a:.3f}" for a in result.val_agreement), result.steps,
                 result.seconds / 60, result.train_tokens)
