@@ -114,3 +114,11 @@ def test_features_too_large_for_float16_stay_finite_in_bfloat16():
     small, huge = torch.tensor([1.5, -3.0]), torch.tensor([1.5, 1e6])
     assert sixteen_bits(small).dtype == torch.float16
     assert sixteen_bits(huge).dtype == torch.bfloat16 and torch.isfinite(sixteen_bits(huge)).all()
+
+
+def test_coverage_of_other_tokens_ranks_on_the_training_texts():
+    from opttree.distill.coverage import tokens_coverage
+
+    train = [{"input_ids": torch.arange(4), "topk_ids": torch.tensor([[5, 6], [5, 6], [7, 5], [8, 5]])}]
+    c = tokens_coverage(train, torch.tensor([5, 9, 7, 5]), sizes=(1, 3))
+    assert [x.covered for x in c] == [0.5, 0.75]  # 9 was never seen: ranked by id after the others

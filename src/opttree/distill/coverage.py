@@ -35,9 +35,15 @@ def greedy_tokens(records: list[dict]) -> torch.Tensor:
 def coverage(train: list[dict], held: list[dict], sizes: tuple[int, ...] = SIZES,
              always: list[int] = ()) -> list[Coverage]:
     """Coverage of ``held``'s greedy tokens by the first ``size`` tokens ranked on ``train``."""
-    truth = greedy_tokens(held)  # [N]
-    ids = [r["topk_ids"] for r in train + held]
-    vocab = int(max(int(t.max()) for t in ids)) + 1 if ids else 1
+    return tokens_coverage(train, greedy_tokens(held), sizes, always)
+
+
+def tokens_coverage(train: list[dict], truth: torch.Tensor, sizes: tuple[int, ...] = SIZES,
+                    always: list[int] = ()) -> list[Coverage]:
+    """Coverage of the tokens ``truth`` [N] (e.g. a benchmark's greedy answers: measured, never
+    trained on) by the first ``size`` tokens ranked on ``train``."""
+    ids = [r["topk_ids"] for r in train]
+    vocab = max([int(t.max()) for t in ids] + [int(truth.max()) if len(truth) else 0]) + 1
     ranked = ranked_tokens(train, vocab, list(always))  # [V]
     out = []
     for size in sizes:
