@@ -6,7 +6,9 @@
    For an EAGLE-style feature head (``opttree distill --kind head``), the head reads the
    target's features of the same text; agreement is reported at tree depth 1 (the first drafted
    token, comparable to an independent draft's number) and, teacher-forced on the tokens but
-   reading its own predicted features, at depths 2 and 3.
+   reading its own predicted features, at depths 2 and 3; and at each depth given the path so far
+   was accepted (the roots whose shallower drafted tokens all agreed), with the τ of a chain of
+   that many drafted tokens (:mod:`opttree.distill.depths`).
 2. Latency: one forward of ``--query-tokens`` new tokens on a ``--prefix`` token cached prefix
    (batch 1, as in decoding), median of ``--reps`` runs, draft vs target → their ratio. A feature
    head is timed as the drafter runs it: one tree layer of that many nodes, probabilities included.
@@ -93,28 +95,53 @@ def head_agreement_by_category(head, target, answers: list[dict], depths: int = 
 
 
 @torch.inference_mode()
-def heads_agreement_by_category(heads: list, target, answers: list[dict], depths: int = 3) -> list[dict]:
+def heads_agreement_by_category(heads: list, target, answers: list[dict], depths: int = 3,
+                                paths: list | None = None) -> list[dict]:
     """:func:`head_agreement_by_category` of several heads, with ONE target forward per prompt
-    (the union of the target layers the heads read is kept, each head picks its own)."""
+    (the union of the target layers the heads read is kept, each head picks its own).
+    ``paths``: a list that receives, per head, ``{category: DepthCounts}`` (agreement at each
+    depth given the path so far was accepted, and a chain's τ: :mod:`opttree.distill.depths`)."""
+    from opttree.distill.depths import DepthCounts, depth_counts
     from opttree.distill.features import features_of
     from opttree.distill.head_train import make_batch, pick_layers, unrolled
 
     layers = tuple(sorted({i for h in heads for i in h.c.feature_layers if i != -1})) + (-1,)
     results = [defaultdict(lambda: [[0, 0] for _ in range(depths)]) for _ in heads]
+    by_path = [defaultdict(lambda: DepthCounts(depths)) for _ in heads]
     for a in answers:
         seq = torch.tensor(a["prompt_ids"] + a["answer_ids"])  # [L]
         record = features_of(target, seq, topk=1, layers=layers)  # hidden [L, len(layers) * H]
         first = len(a["prompt_ids"]) - 1  # position whose output predicts the first answer token
-        truth = seq[first + 1:]  # [n]
-        for head, result in zip(heads, results):
+        scored = torch.zeros(len(seq), dtype=torch.bool)  # [L]: roots in the answer
+        scored[first:-1] = True
+        for head, result, path in zip(heads, results, by_path):
             own = dict(record, hidden=pick_layers(record["hidden"], layers, head.c.feature_layers))
             passes = unrolled(head, make_batch([own], head.device), depths, 0.0)  # depths x [1, L, H]
+            hits = []  # depths x [L] bool: pass d at j agrees with token j + 1
             for d, g in enumerate(passes):
-                start = max(first, d)
-                guess = head.token_ids[head.reduced_logits(g[0, start:-1]).argmax(-1)].cpu()
-                result[a["category"]][d][0] += int((guess == truth[start - first:]).sum())
-                result[a["category"]][d][1] += len(guess)
+                guess = head.token_ids[head.reduced_logits(g[0, :-1]).argmax(-1)].cpu()  # [L - 1]
+                hits.append(torch.cat([guess == seq[1:], torch.zeros(1, dtype=torch.bool)]))
+                start = max(first, d)  # every node in the answer, its root possibly in the prompt
+                result[a["category"]][d][0] += int(hits[d][start:-1].sum())
+                result[a["category"]][d][1] += len(seq) - 1 - start
+            path[a["category"]] = path[a["category"]].add(depth_counts(hits, scored))
+    if paths is not None:
+        paths.extend(dict(p) for p in by_path)
     return [{k: [tuple(x) for x in v] for k, v in r.items()} for r in results]
+
+
+def path_report(counts: dict) -> dict:
+    """The report's entries from ``{category: DepthCounts}``: agreement at each depth given the
+    path so far was accepted (all categories, and per category), and a chain's τ."""
+    from opttree.distill.depths import DepthCounts
+
+    total = DepthCounts(next(iter(counts.values())).depths)
+    for c in counts.values():
+        total = total.add(c)
+    return {"agreement_by_depth_given_accepted": [round(x, 4) for x in total.path_agreement()],
+            "chain_tau": round(total.chain_tau(), 3),
+            "per_category_given_accepted": {k: [round(x, 4) for x in c.path_agreement()]
+                                            for k, c in sorted(counts.items())}}
 
 
 def head_report(name: str, by_depth: dict, answers: list[dict], max_new_tokens: int) -> dict:
@@ -217,12 +244,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.answers_cache:
             args.answers_cache.write_text(json.dumps(answers))
     heads = [(path, d) for path, d in zip(args.draft, drafts) if isinstance(d, FeatureHead)]
-    head_counts = heads_agreement_by_category([d for _, d in heads], target, answers) if heads else []
+    path_counts: list[dict] = []
+    head_counts = heads_agreement_by_category([d for _, d in heads], target, answers, paths=path_counts) if heads else []
     reports = []
     for path, draft in zip(args.draft, drafts):
         if isinstance(draft, FeatureHead):
-            report = head_report(str(path), head_counts[[p for p, _ in heads].index(path)], answers,
-                                 args.max_new_tokens)
+            index = [p for p, _ in heads].index(path)
+            report = head_report(str(path), head_counts[index], answers, args.max_new_tokens)
+            report.update(path_report(path_counts[index]))
         else:
             per_cat = agreement_by_category(draft, answers)
             report = head_report(str(path), {k: [v] for k, v in per_cat.items()}, answers, args.max_new_tokens)
@@ -232,6 +261,9 @@ def main(argv: list[str] | None = None) -> int:
         if "agreement_by_depth" in report:
             print("feature head agreement by tree depth (teacher-forced tokens, own features):",
                   " ".join(f"{a:.3f}" for a in report["agreement_by_depth"]))
+            print("  given the path so far was accepted:",
+                  " ".join(f"{a:.3f}" for a in report["agreement_by_depth_given_accepted"]),
+                  f"(a chain of {len(report['agreement_by_depth'])}: tau {report['chain_tau']:.2f})")
         print(f"top-1 agreement over {report['answer_tokens']} answer tokens of {len(answers)} prompts: "
               f"{report['agreement_token_weighted']:.3f} (category mean {report['agreement_category_mean']:.3f})")
         for k, v in report["per_category"].items():

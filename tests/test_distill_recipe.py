@@ -93,7 +93,8 @@ def recipe_dir(tmp_path):
 
 def run(recipe_dir, *extra):
     return main(["--recipe", str(recipe_dir / "recipe.toml"), "--cache", str(recipe_dir / "cache"),
-                 "--out", str(recipe_dir / "out"), "--device", "cpu", "--threads", "1", *extra])
+                 "--out", str(recipe_dir / "out"), "--device", "cpu", "--threads", "1",
+                 *extra, *([] if "--precision" in extra else ["--precision", "fp32"])])
 
 
 def test_one_command_rebuilds_a_head_and_resumes(recipe_dir, caplog):
@@ -140,7 +141,7 @@ def test_recipe_typos_and_missing_layers_are_errors(tmp_path):
                       "stage": [{"name": "s", "feature_layers": [2, -1]}]}, tmp_path)
 
 
-@pytest.mark.parametrize("name", ["recipe.toml", "ablation-cpu.toml"])
+@pytest.mark.parametrize("name", ["recipe.toml", "ablation-cpu.toml", "round-cpu.toml"])
 def test_shipped_recipes_parse(name):
     from pathlib import Path
 

@@ -22,12 +22,15 @@ trains on what is cached (for a head, it first caches the target's features of t
 command again after an interruption. Load the result with
 ``opttree.distill.load_draft(out_dir, target)`` (or pass the folder: ``draft_model=out_dir``).
 
-How long: with the defaults (1,792 prompts answered with up to 128 tokens, then 2 epochs) a
-135M-parameter target takes hours on a CPU (this project's 2-core CPU answered about 300 tokens/s
-and extracted features at about 730 tokens/s, so the data alone is about 15-30 minutes, and
-training a head for the shipped quality about 19 hours) and 10-15 minutes per round on one GPU
-(--device cuda). --max-minutes caps the training; --num-seed-prompts / --num-context-prompts
-shrink the data for a first try.
+How long (measured with `--stage probe`, SmolLM2-135M, one thread, a shared 2-core AMD EPYC with
+AVX512-BF16): target features 430-470 tokens/s in bf16 and about 290 in fp32; the head's training
+step about 410 tokens/s in bf16 and 290 in fp32. So 1 M tokens of features take about 40 minutes
+and each epoch of training over them another 40. On a shared machine use --threads 1: with two
+threads while another job held a core, both stages ran about 10x slower (20-75 tokens/s).
+Generating answers costs far more per token than teacher-forced text. One GPU does a round in
+10-15 minutes (--device cuda). --precision auto (the default with --recipe) measures which
+precision is faster on the machine; --max-minutes caps the training; --num-seed-prompts /
+--num-context-prompts shrink the data for a first try.
 """
 
 from __future__ import annotations
@@ -63,9 +66,17 @@ def build_parser(prog: str = "opttree distill") -> argparse.ArgumentParser:
                         "(HF format, or holding one .gguf file); required without --recipe")
     p.add_argument("--out", required=True, help="output folder of the draft")
     p.add_argument("--cache", help="data cache folder; default: $OPTTREE_CACHE/distill/<target>")
-    p.add_argument("--stage", choices=["all", "data", "features", "train"], default="all",
+    p.add_argument("--stage", choices=["all", "data", "features", "train", "probe", "coverage"], default="all",
                    help="all: every step; data: answer prompts only; features (with --recipe): stop after "
-                        "the features; train: train on the cached data")
+                        "the features; train: train on the cached data; probe (with --recipe): time both "
+                        "precisions on the round's shapes, print tokens/s per stage, and stop; coverage (with --recipe): "
+                        "the share of held-out greedy tokens that 8k / 16k / 32k kept tokens cover, from the cached "
+                        "features")
+    p.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto",
+                   help="with --recipe: auto times a short probe of bf16 (autocast, float32 master weights) and "
+                        "fp32 on the round's shapes and picks the faster per stage (kept in <cache>/precision.json "
+                        "for this machine); bf16 / fp32 name it")
+    p.add_argument("--probe-seconds", type=float, default=1.0, help="seconds each precision's probe runs")
     p.add_argument("--kind", choices=["head", "layers"], default="head",
                    help="head: an EAGLE-style feature head; layers: an independent small model")
     g = p.add_argument_group("data")
@@ -167,13 +178,63 @@ def _run_recipe(args) -> int:
         build_parser().error("--recipe needs --cache (the folder that holds its data and stages)")
     recipe = load_recipe(args.recipe)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if args.stage == "probe":
+        return _probe(recipe, device, args.probe_seconds)
+    if args.stage == "coverage":
+        return _coverage(recipe, Path(args.cache))
     until = args.stage if args.stage in ("data", "features") else "all"
-    manifest = run_recipe(recipe, args.cache, args.out if until == "all" else None, device, until)
+    manifest = run_recipe(recipe, args.cache, args.out if until == "all" else None, device, until,
+                          args.precision, args.probe_seconds)
     if until == "all":
         last = manifest["stages"][recipe.stages[-1].name]
         logger.info("%s: draft saved to %s; validation agreement by depth %s", recipe.name, args.out,
                     " ".join(f"{a:.3f}" for a in last["val_agreement_by_depth"]))
     return 0
+
+
+def _probe(recipe, device: str, seconds: float) -> int:
+    """``--stage probe``: measure both precisions on the recipe's shapes and print them (nothing is kept)."""
+    from .precision import bf16_flags, choose, machine_name, probe_round
+    from .recipe_run import load_recipe_target
+
+    target, _ = load_recipe_target(recipe, device)
+    cfg = recipe.train_config(recipe.stages[0])
+    probes = probe_round(target, cfg, recipe.features.layers, seconds, feature_tokens=min(256, recipe.features.max_len),
+                         train_tokens=min(512, cfg.batch_tokens), topk=recipe.features.topk)
+    print(choose(probes, machine_name(device)).report())
+    print(f"  CPU flags (not used to decide): {' '.join(bf16_flags()) or 'none read'}")
+    for p in probes:
+        print(f"  {p.stage:8s} {p.precision}: {p.calls} call(s) of {p.tokens} positions in {p.seconds:.2f} s")
+    return 0
+
+
+def _coverage(recipe, cache: Path) -> int:
+    """``--stage coverage``: kept-vocabulary coverage per source and overall, from cached features."""
+    from .coverage import split_coverage
+    from .recipe_run import features_folder
+    from .shards import load_records, shard_paths
+
+    everything = []
+    for source in recipe.sources:
+        records = [r for p in shard_paths(features_folder(cache, recipe, source)) for r in load_records(p)]
+        everything += records
+        if records:
+            print(f"{source.name}: " + ", ".join(f"{c.size}: {c.covered:.1%}" for c in split_coverage(records))
+                  + f" of {sum(len(r['topk_ids']) for r in records):,} greedy tokens ({len(records)} texts)")
+    if not everything:
+        logger.error("no cached features under %s: run --stage features first", cache)
+        return 1
+    cov = split_coverage(everything)
+    print("all: " + ", ".join(f"{c.size}: {c.covered:.1%}" for c in cov) + f" of {cov[0].tokens:,} held-out tokens")
+    return 0
+
+
+def checkpoint_folder(cache: Path, out: str) -> Path:
+    """Where a head trained into ``out`` keeps its checkpoint: in the cache (never in the shipped
+    folder), one per output folder, so a rerun into the same folder goes on from its last step."""
+    import hashlib
+
+    return cache / "head-checkpoints" / hashlib.sha256(str(Path(out).resolve()).encode()).hexdigest()[:12]
 
 
 def _train_head(target, tokenizer, records: list[dict], cache: Path, args, always_keep: list[int]) -> int:
@@ -189,7 +250,8 @@ def _train_head(target, tokenizer, records: list[dict], cache: Path, args, alway
         eval_every=args.eval_every, seed=args.seed, save_dtype=args.save_dtype, answers_only=args.answers_only,
     )
     result = train_head(target, load_features(features), args.out, cfg, always_keep,
-                        answer_marker=answer_marker(tokenizer), init=args.init_head)
+                        answer_marker=answer_marker(tokenizer), init=args.init_head,
+                        checkpoint_dir=checkpoint_folder(cache, args.out))
     logger.info("feature head saved to %s: val agreement by depth %s after %d steps (%.1f min, %d tokens)",
                 result.path, " ".join(f"{a:.3f}" for a in result.val_agreement), result.steps,
                 result.seconds / 60, result.train_tokens)

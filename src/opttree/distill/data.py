@@ -146,7 +146,7 @@ def generate_round(model, tokenizer, prompts: list[Prompt], out_dir: Path, cfg: 
         save_records(records, out_dir / shard_name(b))
         new_tokens += sum(len(s.topk_ids) for s in samples)
         rate = new_tokens / max(time.time() - start, 1e-9)
-        logger.debug("%s: batch %d/%d done, %.1f answer tok/s", out_dir.name, b + 1, len(batches), rate)
+        logger.info("%s: batch %d/%d done, %.1f answer tok/s", out_dir.name, b + 1, len(batches), rate)
         if bar is not None:
             bar.update(1)
             bar.set_postfix_str(f"{rate:.0f} answer tok/s")

@@ -65,11 +65,18 @@ def features_of(target, ids: torch.Tensor, topk: int, bf16: bool = False,
     hidden = torch.cat([out.hidden_states[i][0] for i in layers], dim=-1)  # [L, len(layers) * H]
     return {
         "input_ids": ids.clone(),
-        "hidden": hidden.to(torch.float16).cpu(),
+        "hidden": sixteen_bits(hidden).cpu(),
         "topk_ids": top_ids.to(torch.int32).cpu(),
         "topk_logits": top_logits.to(torch.float16).cpu(),
         "layers": list(layers),
+        "bf16": bool(bf16),  # the precision of the forward that made it
     }
+
+
+def sixteen_bits(x: torch.Tensor) -> torch.Tensor:
+    """``x`` in float16 (11-bit mantissa), or bfloat16 where float16 would overflow (inner target
+    layers can carry activations beyond its 65,504): 16 bits on disk either way."""
+    return x.to(torch.float16) if x.abs().max() < 65000 else x.to(torch.bfloat16)
 
 
 def extract_features(target, sequences: list[torch.Tensor], out_dir: str | Path, topk: int = 16,
@@ -90,7 +97,7 @@ def extract_features(target, sequences: list[torch.Tensor], out_dir: str | Path,
         save_records(records, out_dir / shard_name(s // shard_size))
         tokens = sum(len(r["input_ids"]) for r in records)
         done += tokens
-        logger.debug("features: %d/%d texts, %.0f tok/s", min(s + shard_size, len(sequences)),
+        logger.info("features: %d/%d texts, %.0f tok/s", min(s + shard_size, len(sequences)),
                      len(sequences), done / max(time.time() - start, 1e-9))
         if bar is not None:
             bar.update(tokens)

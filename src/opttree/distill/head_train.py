@@ -26,10 +26,14 @@ answer, :func:`~opttree.distill.features.answer_marker`), only the positions tha
 tokens are scored in validation, and, with ``HeadTrainConfig.answers_only``, in the loss. The
 prompt still serves as context. Without it, every position counts (the system prompt and the
 user's text then inflate the validation number: they are not what the head drafts).
+
+With a ``checkpoint_dir``, a run resumes where it stopped (:mod:`.checkpoint`) and ends exactly as
+an uninterrupted run would; :func:`train_step` is also what :mod:`.precision` times.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -42,7 +46,12 @@ import torch
 from torch import nn
 
 from ..drafters.feature_head import FeatureHead
-from .head import continued_head, grown, new_head, save_head, widened
+from .head_data import (FeatureBatch, answer_start, chunks, make_batch, pick_layers,  # noqa: F401
+                        pieces, token_batches)
+from .checkpoint import (TrainState, capture_rng, load_optimizer_tensors, load_train_state, optimizer_tensors,
+                         restore_rng, rng_from_json, rng_to_json, save_train_state)
+from .head import HeadMeta, continued_head, grown, new_head, save_head, widened
+from .shards import sha256
 from .train import kept_tokens, lr_at, ranked_tokens, soft_hard_loss, split_records
 
 logger = logging.getLogger(__name__)
@@ -70,96 +79,8 @@ class HeadTrainConfig:
     answers_only: bool = False  # loss only where the label is an answer token (needs answer_marker)
     num_layers: int = 1  # decoder layers of the head (HeadConfig.num_layers)
     feature_layers: tuple[int, ...] = (-1,)  # target layers the head reads (HeadConfig.feature_layers)
-
-
-@dataclass
-class FeatureBatch:
-    """Right-padded texts. ``tokens`` [B, L] long; ``features`` [B, L, F] float (the target's
-    ``feature_layers`` at j, concatenated: F = len(feature_layers) * H; the last H columns are f_j);
-    ``valid`` [B, L] bool; ``topk_ids`` [B, L, k] long and ``topk_logits`` [B, L, k] float;
-    ``answer`` [B, L] bool: valid positions whose label is an answer token (see the module doc)."""
-
-    tokens: torch.Tensor
-    features: torch.Tensor
-    valid: torch.Tensor
-    topk_ids: torch.Tensor
-    topk_logits: torch.Tensor
-    answer: torch.Tensor
-
-    def to(self, device: torch.device | str) -> "FeatureBatch":
-        return FeatureBatch(**{k: v.to(device, non_blocking=True) for k, v in vars(self).items()})
-
-
-def answer_start(ids: torch.Tensor, marker: list[int]) -> int:
-    """Index of the first answer token of ``ids`` [L]: just after the LAST ``marker``; 0 when
-    ``marker`` is empty or absent (then the whole text counts as answer)."""
-    m = len(marker)
-    if m == 0 or len(ids) < m:
-        return 0
-    hits = (ids.unfold(0, m, 1) == torch.tensor(marker)).all(-1).nonzero()  # [n, 1]
-    return int(hits[-1]) + m if len(hits) else 0
-
-
-def pieces(length: int, max_len: int, from_end: bool) -> list[tuple[int, int]]:
-    """``(start, end)`` of consecutive pieces of at most ``max_len`` covering ``range(length)``;
-    ``from_end``: the last piece is a full one (the first may be short)."""
-    if not from_end:
-        return [(s, min(s + max_len, length)) for s in range(0, length, max_len)]
-    return [(max(e - max_len, 0), e) for e in range(length, 0, -max_len)][::-1]
-
-
-def pick_layers(hidden: torch.Tensor, stored: tuple[int, ...], wanted: tuple[int, ...]) -> torch.Tensor:
-    """Features [L, len(stored) * H] of the target layers ``stored`` -> those of ``wanted``
-    [L, len(wanted) * H] (each of which must be stored)."""
-    stored, wanted = tuple(stored), tuple(wanted)
-    if stored == wanted:
-        return hidden
-    missing = [i for i in wanted if i not in stored]
-    if missing:
-        raise ValueError(f"the cached features hold target layers {stored}, not {missing}: extract them again")
-    h = hidden.shape[-1] // len(stored)
-    return torch.cat([hidden[:, stored.index(i) * h:(stored.index(i) + 1) * h] for i in wanted], dim=-1)
-
-
-def chunks(records: list[dict], max_len: int, marker: list[int] = (), answers_only: bool = False,
-           layers: tuple[int, ...] = (-1,)) -> list[dict]:
-    """Texts cut into pieces of at most ``max_len`` positions; each piece's ``answer_from`` is
-    the first position whose label (the next token) is an answer token. ``answers_only``: cut
-    from the end (so an answer keeps as much of its prompt as fits) and drop the pieces with no
-    answer position, which would cost compute and teach nothing. ``layers``: the target layers
-    the head reads, taken from each record's (``record["layers"]``, default the last alone)."""
-    out = []
-    for r in records:
-        first = max(answer_start(r["input_ids"], list(marker)) - 1, 0)
-        for s, e in pieces(len(r["input_ids"]), max_len, from_end=answers_only):
-            if answers_only and e <= first:
-                continue
-            piece = {k: r[k][s:e] for k in ("input_ids", "topk_ids", "topk_logits")}
-            piece["hidden"] = pick_layers(r["hidden"][s:e], tuple(r.get("layers", (-1,))), layers)
-            out.append(dict(piece, answer_from=max(first - s, 0)))
-    return out
-
-
-def make_batch(records: list[dict], device: torch.device | str = "cpu") -> FeatureBatch:
-    b, width = len(records), max(len(r["input_ids"]) for r in records)
-    h, k = records[0]["hidden"].shape[1], records[0]["topk_ids"].shape[1]
-    batch = FeatureBatch(
-        tokens=torch.zeros(b, width, dtype=torch.long),
-        features=torch.zeros(b, width, h),
-        valid=torch.zeros(b, width, dtype=torch.bool),
-        topk_ids=torch.zeros(b, width, k, dtype=torch.long),
-        topk_logits=torch.zeros(b, width, k),
-        answer=torch.zeros(b, width, dtype=torch.bool),
-    )
-    for i, r in enumerate(records):
-        n = len(r["input_ids"])
-        batch.tokens[i, :n] = r["input_ids"]
-        batch.features[i, :n] = r["hidden"].float()
-        batch.valid[i, :n] = True
-        batch.answer[i, r.get("answer_from", 0):n] = True
-        batch.topk_ids[i, :n] = r["topk_ids"].long()
-        batch.topk_logits[i, :n] = r["topk_logits"].float()
-    return batch.to(device)
+    soft_weight: float = 0.5  # loss: this × CE to the target's top-k distribution + the rest × CE to its argmax
+    checkpoint_every: int = 25  # steps between checkpoints (with a checkpoint_dir; 0: at evaluations only)
 
 
 def unroll_mask(length: int, depth: int, valid: torch.Tensor) -> torch.Tensor:
@@ -199,7 +120,7 @@ def unrolled(head: FeatureHead, batch: FeatureBatch, unroll: int, noise: float) 
 
 def pass_loss(head: FeatureHead, g: torch.Tensor, batch: FeatureBatch, depth: int,
               full_to_kept: torch.Tensor, reg_weight: float,
-              answers_only: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+              answers_only: bool = False, soft_weight: float = 0.5) -> tuple[torch.Tensor, torch.Tensor]:
     """(loss, hits [N] bool) of one pass over the positions that have a root (j >= depth),
     answer positions only if ``answers_only``."""
     where = (batch.answer if answers_only else batch.valid).clone()
@@ -207,7 +128,7 @@ def pass_loss(head: FeatureHead, g: torch.Tensor, batch: FeatureBatch, depth: in
     pred, true = g[where], batch.features[..., -g.shape[-1]:][where]  # [N, H]: f_j is the last layer
     logits = head.reduced_logits(pred)  # [N, K]
     ids = batch.topk_ids[where]
-    loss = soft_hard_loss(logits, ids, batch.topk_logits[where], ids[:, 0], full_to_kept)
+    loss = soft_hard_loss(logits, ids, batch.topk_logits[where], ids[:, 0], full_to_kept, soft_weight=soft_weight)
     loss = loss + reg_weight * nn.functional.smooth_l1_loss(pred, true)
     hits = head.token_ids[logits.argmax(-1)] == ids[:, 0]
     return loss, hits
@@ -236,22 +157,6 @@ def kept_index(head: FeatureHead) -> torch.Tensor:
     return full_to_kept
 
 
-def token_batches(records: list[dict], batch_tokens: int, rng: random.Random) -> list[list[int]]:
-    """Shuffled batches of similar-length texts, about ``batch_tokens`` positions each."""
-    order = sorted(range(len(records)), key=lambda i: (len(records[i]["input_ids"]), rng.random()))
-    batches, current, width = [], [], 0
-    for i in order:
-        width = max(width, len(records[i]["input_ids"]))
-        if current and width * (len(current) + 1) > batch_tokens:
-            batches.append(current)
-            current, width = [], len(records[i]["input_ids"])
-        current.append(i)
-    if current:
-        batches.append(current)
-    rng.shuffle(batches)
-    return batches
-
-
 @dataclass
 class HeadTrainResult:
     path: Path
@@ -262,27 +167,11 @@ class HeadTrainResult:
     train_tokens: int
 
 
-def train_head(target, records: list[dict], out_dir: str | Path, cfg: HeadTrainConfig,
-               always_keep: list[int] = (), answer_marker: list[int] = (),
-               init: str | Path | None = None, val_records: list[dict] | None = None) -> HeadTrainResult:
-    """Train a head for ``target`` on feature ``records``; the best (by mean validation agreement
-    over depths) is saved to ``out_dir`` with ``training.json``.
-
-    - ``answer_marker``: see the module doc.
-    - ``init``: a saved head to go on training. Its kept tokens grow to ``num_kept_tokens`` if that
-      is larger; ``init_layer`` is then unused.
-    - ``val_records``: the validation texts; every record then trains. Default: ``val_fraction``
-      of ``records``. Use it to keep the validation set of the run ``init`` came from."""
-    out_dir = Path(out_dir)
-    torch.manual_seed(cfg.seed)
-    rng = random.Random(cfg.seed)
-    if val_records is None:
-        train, val = split_records(records, cfg.val_fraction, cfg.seed)
-    else:
-        train, val = records, val_records
+def build_head(target, train: list[dict], cfg: HeadTrainConfig, always_keep: list[int],
+               init: str | Path | None) -> tuple[FeatureHead, HeadMeta]:
+    """The head a run starts from: new (kept tokens ranked on ``train``), or ``init`` grown to
+    ``cfg``'s layers and widened to ``cfg.num_kept_tokens``; on the target's device."""
     feature_layers = tuple(cfg.feature_layers)
-    train = chunks(train, cfg.max_len, answer_marker, cfg.answers_only, feature_layers)
-    val = chunks(val, cfg.max_len, answer_marker, layers=feature_layers)
     if init is None:
         token_ids = kept_tokens(train, target.config.vocab_size, cfg.num_kept_tokens, list(always_keep))
         layers = len(target.get_decoder().layers)
@@ -295,58 +184,133 @@ def train_head(target, records: list[dict], out_dir: str | Path, cfg: HeadTrainC
             ranked = ranked_tokens(train, target.config.vocab_size, list(always_keep))
             ranked = ranked[~torch.isin(ranked, head.token_ids.cpu())]
             head = widened(head, target, ranked[:cfg.num_kept_tokens - len(head.token_ids)])
-        token_ids = head.token_ids
-    head = head.to(target.get_input_embeddings().weight.device).train()  # where the target runs
+    return head.to(target.get_input_embeddings().weight.device).train(), meta
+
+
+def train_step(head: FeatureHead, optim: torch.optim.Optimizer, batch: FeatureBatch, cfg: HeadTrainConfig,
+               full_to_kept: torch.Tensor, lr: float) -> float:
+    """One optimizer step on ``batch`` at learning rate ``lr``: the unrolled passes' weighted
+    loss, in bf16 autocast (float32 master weights) when ``cfg.bf16``. Returns the loss."""
+    for group in optim.param_groups:
+        group["lr"] = lr
+    with torch.autocast(device_type=head.device.type, dtype=torch.bfloat16, enabled=cfg.bf16):
+        loss = sum(cfg.decay ** d * pass_loss(head, g, batch, d, full_to_kept, cfg.reg_weight, cfg.answers_only,
+                                              cfg.soft_weight)[0]
+                   for d, g in enumerate(unrolled(head, batch, cfg.unroll, cfg.noise)))
+    optim.zero_grad(set_to_none=True)
+    loss.backward()
+    nn.utils.clip_grad_norm_([p for g in optim.param_groups for p in g["params"]], 1.0)
+    optim.step()
+    return loss.item()
+
+
+# HeadTrainConfig fields that change how fast a run goes, not what it computes: a checkpoint or a
+# cached stage stays valid when they change (another machine may pick another precision).
+EXECUTION_FIELDS = ("bf16", "checkpoint_every")
+
+
+def run_key(cfg: HeadTrainConfig, train: list[dict], val: list[dict], init: str | Path | None) -> str:
+    """What a checkpoint belongs to: the settings that shape the result, the data's size and the init."""
+    settings = {k: v for k, v in asdict(cfg).items() if k not in EXECUTION_FIELDS}
+    sizes = [len(train), sum(len(r["input_ids"]) for r in train), len(val), sum(len(r["input_ids"]) for r in val)]
+    start = sha256(Path(init) / "model.safetensors") if init else ""  # by content: folders move between machines
+    text = json.dumps({"settings": settings, "sizes": sizes, "init": start}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def train_head(target, records: list[dict], out_dir: str | Path, cfg: HeadTrainConfig,
+               always_keep: list[int] = (), answer_marker: list[int] = (),
+               init: str | Path | None = None, val_records: list[dict] | None = None,
+               checkpoint_dir: str | Path | None = None) -> HeadTrainResult:
+    """Train a head for ``target`` on feature ``records``; the best (by mean validation agreement
+    over depths) is saved to ``out_dir`` with ``training.json``.
+
+    - ``answer_marker``: see the module doc.
+    - ``init``: a saved head to go on training. Its kept tokens grow to ``num_kept_tokens`` if that
+      is larger; ``init_layer`` is then unused.
+    - ``val_records``: the validation texts; every record then trains. Default: ``val_fraction``
+      of ``records``. Use it to keep the validation set of the run ``init`` came from.
+    - ``checkpoint_dir``: every ``checkpoint_every`` steps, after each evaluation and at the end,
+      the run's whole state goes there (:mod:`.checkpoint`); a run started again with the same
+      data and settings goes on from it and ends exactly as an uninterrupted run would."""
+    from .data import progress
+
+    out_dir = Path(out_dir)
+    torch.manual_seed(cfg.seed)
+    rng = random.Random(cfg.seed)
+    if val_records is None:
+        train, val = split_records(records, cfg.val_fraction, cfg.seed)
+    else:
+        train, val = records, val_records
+    feature_layers = tuple(cfg.feature_layers)
+    train = chunks(train, cfg.max_len, answer_marker, cfg.answers_only, feature_layers)
+    val = chunks(val, cfg.max_len, answer_marker, layers=feature_layers)
+    head, meta = build_head(target, train, cfg, always_keep, init)
     full_to_kept = kept_index(head)
     params = [p for p in head.parameters() if p.requires_grad]
     optim = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
     per_epoch = len(token_batches(train, cfg.batch_tokens, random.Random(0)))
-    total = planned = max(1, math.ceil(cfg.epochs * per_epoch))
+    planned = max(1, math.ceil(cfg.epochs * per_epoch))
     train_tokens = sum(len(r["input_ids"]) for r in train)
     logger.info("head: %d train pieces (%d tokens), %d val pieces, %d kept tokens, %d steps, %.1fM params",
-                len(train), train_tokens, len(val), len(token_ids), total, sum(p.numel() for p in params) / 1e6)
-    initial = agreement(head, val, cfg.unroll)
-    logger.info("step 0: val agreement by depth %s", _fmt(initial))
-    best, best_agree, step, running = -1.0, initial, 0, 0.0
-    start = time.time()
+                len(train), train_tokens, len(val), len(head.token_ids), planned,
+                sum(p.numel() for p in params) / 1e6)
+    key = run_key(cfg, train, val, init)
+    state = load_train_state(checkpoint_dir, key) if checkpoint_dir is not None else None
+    if state is None:
+        initial = agreement(head, val, cfg.unroll)
+        logger.info("step 0: val agreement by depth %s", _fmt(initial))
+        step, total, offset, epoch_rng, elapsed = 0, planned, 0, None, 0.0
+        extra = {"best": -1.0, "best_agree": initial, "initial": initial, "running": 0.0, "finished": False}
+    else:
+        head.load_state_dict(state.model)
+        load_optimizer_tensors(optim, state.optimizer)
+        restore_rng(state, rng, head.device)
+        step, total, offset, epoch_rng, elapsed = (state.step, state.total, state.epoch_offset, state.epoch_rng,
+                                                   state.elapsed_seconds)
+        extra = state.extra
+        logger.info("resumed from %s at step %d/%d", checkpoint_dir, step, total)
+    start = time.time() - elapsed
+
+    def checkpoint(finished: bool = False) -> None:
+        if checkpoint_dir is None:
+            return
+        extra["finished"] = finished
+        save_train_state(TrainState(
+            key=key, step=step, total=total, model=head.state_dict(), optimizer=optimizer_tensors(optim),
+            epoch_rng=epoch_rng, epoch_offset=offset, elapsed_seconds=time.time() - start, extra=extra,
+            **capture_rng(rng, head.device)), checkpoint_dir)
 
     def evaluate() -> None:
-        nonlocal best, best_agree
         agree = agreement(head, val, cfg.unroll)
         logger.info("step %d/%d (%.1f min): loss %.3f, val agreement by depth %s", step, total,
-                    (time.time() - start) / 60, running, _fmt(agree))
-        if sum(agree) / len(agree) > best:
-            best, best_agree = sum(agree) / len(agree), agree
+                    (time.time() - start) / 60, extra["running"], _fmt(agree))
+        if sum(agree) / len(agree) > extra["best"]:
+            extra["best"], extra["best_agree"] = sum(agree) / len(agree), agree
             save_head(head, meta, out_dir, getattr(torch, cfg.save_dtype))
             record = {"train_config": asdict(cfg), "step": step, "val_agreement_by_depth": agree,
-                      "initial_agreement_by_depth": initial, "train_seconds": round(time.time() - start, 1),
+                      "initial_agreement_by_depth": extra["initial"], "train_seconds": round(time.time() - start, 1),
                       "train_tokens": train_tokens, "val_tokens": sum(len(r["input_ids"]) for r in val)}
             (out_dir / "training.json").write_text(json.dumps(record, indent=2) + "\n")
 
-    from .data import progress
-
-    bar = progress(total, f"train {out_dir.name}", unit="step")
-    while step < total:
-        for ids in token_batches(train, cfg.batch_tokens, rng):
+    bar = progress(total, f"train {out_dir.name}", unit="step", initial=step) if not extra["finished"] else None
+    while step < total and not extra["finished"]:
+        if epoch_rng is None:  # a new epoch: its batch order is drawn from this state
+            epoch_rng, offset = rng_to_json(rng.getstate()), 0
+        else:
+            rng.setstate(rng_from_json(epoch_rng))
+        batches = token_batches(train, cfg.batch_tokens, rng)
+        for ids in batches[offset:]:
             if step >= total or (cfg.max_minutes and time.time() - start > 60 * cfg.max_minutes):
                 total = step
                 break
-            batch = make_batch([train[i] for i in ids], head.device)
-            for group in optim.param_groups:
-                group["lr"] = lr_at(step, total, cfg)
-            with torch.autocast(device_type=head.device.type, dtype=torch.bfloat16, enabled=cfg.bf16):
-                loss = sum(cfg.decay ** d * pass_loss(head, g, batch, d, full_to_kept, cfg.reg_weight,
-                                                      cfg.answers_only)[0]
-                           for d, g in enumerate(unrolled(head, batch, cfg.unroll, cfg.noise)))
-            optim.zero_grad(set_to_none=True)
-            loss.backward()
-            nn.utils.clip_grad_norm_(params, 1.0)
-            optim.step()
-            step += 1
-            running = loss.item() if step == 1 else 0.9 * running + 0.1 * loss.item()
+            loss = train_step(head, optim, make_batch([train[i] for i in ids], head.device), cfg, full_to_kept,
+                              lr_at(step, total, cfg))
+            step, offset = step + 1, offset + 1
+            extra["running"] = loss if step == 1 else 0.9 * extra["running"] + 0.1 * loss
             if bar is not None:
                 bar.update(1)
-                bar.set_postfix_str(f"loss {running:.3f} val@1 {best_agree[0]:.3f}")
+                bar.set_postfix_str(f"loss {extra['running']:.3f} val@1 {extra['best_agree'][0]:.3f}")
             if step % cfg.eval_every == 0:
                 evaluate()
                 if cfg.max_minutes and step > cfg.warmup_steps:  # re-fit as start-up costs amortise
@@ -354,11 +318,17 @@ def train_head(target, records: list[dict], out_dir: str | Path, cfg: HeadTrainC
                     if bar is not None:
                         bar.total = total
                         bar.refresh()
+            if step % cfg.eval_every == 0 or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0):
+                checkpoint()
+        else:
+            epoch_rng = None  # the epoch ran to its end
     if bar is not None:
         bar.close()
-    if step % cfg.eval_every != 0 or best < 0:
-        evaluate()
-    return HeadTrainResult(out_dir, best_agree, initial, step, time.time() - start, train_tokens)
+    if not extra["finished"]:
+        if step % cfg.eval_every != 0 or extra["best"] < 0:
+            evaluate()
+        checkpoint(finished=True)
+    return HeadTrainResult(out_dir, extra["best_agree"], extra["initial"], step, time.time() - start, train_tokens)
 
 
 def fitted_steps(step: int, seconds: float, planned: int, max_minutes: float, current: int | None = None) -> int:

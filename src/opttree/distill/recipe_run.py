@@ -18,11 +18,12 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
 
+from .precision import PrecisionChoice
 from .recipe import Recipe, Source, Stage, fingerprint
 from .shards import load_records, save_records, sha256, shard_name, shard_paths
 
@@ -95,24 +96,35 @@ def make_source(recipe: Recipe, source: Source, target, tokenizer, folder: Path)
 
 
 def features_folder(cache: Path, recipe: Recipe, source: Source) -> Path:
+    """Where a source's features go. The precision is not part of the name: it is how the
+    features are computed on one machine, and a round resumed on another machine goes on in
+    the same folder (each record names its precision)."""
     spec = recipe.features
     tag = "L" + "_".join(str(i) for i in spec.layers).replace("-", "m")
-    return cache / "features" / f"{tag}-{fingerprint(spec)[:8]}" / f"{source.name}-{source_fingerprint(recipe, source)[:8]}"
+    fp = fingerprint(replace(spec, bf16=False))[:8]
+    return cache / "features" / f"{tag}-{fp}" / f"{source.name}-{source_fingerprint(recipe, source)[:8]}"
 
 
-def make_features(recipe: Recipe, source: Source, records: list[dict], target, folder: Path) -> Path:
+def make_features(recipe: Recipe, source: Source, records: list[dict], target, folder: Path,
+                  precision: PrecisionChoice | None = None) -> Path:
+    """The features of ``records`` under ``folder`` (resumed by shard), in ``precision``'s
+    (default: the recipe's ``[features] bf16``)."""
     from .features import extract_features, unique_sequences
 
     spec = recipe.features
-    bf16 = spec.bf16 and (target.device.type == "cuda" or torch.backends.mkldnn.is_available())
+    bf16 = precision.features == "bf16" if precision is not None else spec.bf16
     sequences = unique_sequences(records, spec.max_len)
     return extract_features(target, sequences, folder, topk=spec.topk, shard_size=spec.shard_size,
                             bf16=bf16, layers=spec.layers)
 
 
 def stage_fingerprint(recipe: Recipe, stage: Stage, init_fp: str) -> str:
-    return fingerprint({"stage": stage, "train": recipe.train_config(stage), "init": init_fp,
-                        "features": recipe.features,
+    """What a stage's result depends on; how fast it ran (precision, checkpoint spacing) is left out."""
+    from .head_train import EXECUTION_FIELDS
+
+    train = {k: v for k, v in asdict(recipe.train_config(stage)).items() if k not in EXECUTION_FIELDS}
+    return fingerprint({"stage": stage, "train": train, "init": init_fp,
+                        "features": replace(recipe.features, bf16=False),
                         "sources": [source_fingerprint(recipe, s) for s in recipe.stage_sources(stage)]})
 
 
@@ -122,15 +134,20 @@ def stage_done(folder: Path, fp: str) -> bool:
 
 
 def run_stage(recipe: Recipe, stage: Stage, records: list[dict], target, tokenizer, folder: Path,
-              init: Path | None, fp: str, init_label: str | None = None) -> dict:
+              init: Path | None, fp: str, init_label: str | None = None,
+              precision: PrecisionChoice | None = None) -> dict:
+    """Train one stage into ``folder`` (resumed from its checkpoint there) and write its ``stage.json``."""
     from .data import eos_ids
     from .features import answer_marker
     from .head_train import train_head
 
     cfg = recipe.train_config(stage)
+    if precision is not None:
+        cfg = replace(cfg, bf16=precision.train == "bf16")
     result = train_head(target, records, folder, cfg, sorted(eos_ids(target, tokenizer)),
-                        answer_marker=answer_marker(tokenizer), init=init)
-    summary = {"fingerprint": fp, "complete": True, "val_agreement_by_depth": result.val_agreement,
+                        answer_marker=answer_marker(tokenizer), init=init, checkpoint_dir=folder)
+    summary = {"fingerprint": fp, "complete": True, "precision": "bf16" if cfg.bf16 else "fp32",
+               "val_agreement_by_depth": result.val_agreement,
                "initial_agreement_by_depth": result.initial_agreement, "steps": result.steps,
                "seconds": round(result.seconds, 1), "train_tokens": result.train_tokens,
                "init": init_label}  # as the recipe names it: no machine's paths in the manifest
@@ -147,32 +164,75 @@ def count_tokens(records: list[dict]) -> dict:
     return {"texts": len(records), "tokens": sum(len(r["input_ids"]) for r in records), "answer_tokens": answers}
 
 
+def round_precision(recipe: Recipe, target, cache: Path, requested: str, device: str,
+                    probe_seconds: float = 1.0) -> PrecisionChoice:
+    """``--precision``: as named, or (``auto``) measured on the round's own shapes, or kept from
+    an earlier measurement on this machine (:mod:`.precision`)."""
+    from .precision import probe_round, resolve
+
+    cfg = recipe.train_config(recipe.stages[0])
+
+    def measure():
+        return probe_round(target, cfg, recipe.features.layers, probe_seconds,
+                           feature_tokens=min(256, recipe.features.max_len),
+                           train_tokens=min(512, cfg.batch_tokens), topk=recipe.features.topk)
+
+    return resolve(requested, device, cache, measure)
+
+
+def previous_manifest(cache: Path) -> dict:
+    """The manifest an earlier run wrote (``{}`` if none): rebuilt shards are checked against it."""
+    path = cache / "manifest.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def check_rebuilt(old: dict, new: dict, what: str) -> list[str]:
+    """The shards of ``new`` (name -> sha256) whose hash differs from the manifest's ``old``; each
+    is named in the log (a different machine or precision can change generated text and features)."""
+    differ = sorted(name for name, h in new.items() if name in old and old[name] != h)
+    if differ:
+        logger.warning("%s: %d shard(s) differ from the manifest (%s): made on another machine or "
+                       "precision?", what, len(differ), ", ".join(differ[:5]))
+    return differ
+
+
 def run_recipe(recipe: Recipe, cache: str | Path, out: str | Path | None, device: str = "cpu",
-               until: str = "all") -> dict:
+               until: str = "all", precision: str | None = None, probe_seconds: float = 1.0) -> dict:
     """Run ``recipe`` with its cache under ``cache``; ``until``: "data", "features" or "all".
-    Returns the manifest (also written to ``cache/manifest.json`` and, with ``out``, next to the
-    shipped draft as ``data_manifest.json``)."""
+    ``precision``: "fp32", "bf16" or "auto" (:func:`round_precision`); None keeps the recipe's
+    ``bf16`` flags. Returns the manifest (also written to ``cache/manifest.json`` and, with
+    ``out``, next to the shipped draft as ``data_manifest.json``). Shards rebuilt after a cache
+    was lost are checked against the manifest left there."""
     cache = Path(cache)
     cache.mkdir(parents=True, exist_ok=True)
     target, tokenizer = load_recipe_target(recipe, device)
+    old = previous_manifest(cache)
     manifest = {"recipe": recipe.name, "recipe_fingerprint": fingerprint(recipe), "target": recipe.target,
                 "device": device, "sources": {}, "features": {}, "stages": {}}
     records_of, feature_dirs = {}, {}
-    for source in recipe.sources:
+    choice = round_precision(recipe, target, cache, precision, device, probe_seconds) \
+        if precision and until != "data" else None
+    if choice is not None:
+        logger.info("%s", choice.report())
+        manifest["precision"] = choice.to_json()
+    for source in recipe.sources:  # each source's texts, then (unless --stage data) its features
         folder = cache / "sources" / source.name
         logger.info("source %s: %s x %d", source.name, source.kind, source.count)
         records_of[source.name] = make_source(recipe, source, target, tokenizer, folder)
         manifest["sources"][source.name] = {"fingerprint": source_fingerprint(recipe, source),
                                             **count_tokens(records_of[source.name]), "shards": shard_table(folder)}
-    _write(cache, manifest)
-    if until == "data":
-        return manifest
-    for source in recipe.sources:
+        check_rebuilt(old.get("sources", {}).get(source.name, {}).get("shards", {}),
+                      manifest["sources"][source.name]["shards"], f"source {source.name}")
+        _write(cache, manifest)
+        if until == "data":
+            continue
         folder = features_folder(cache, recipe, source)
-        feature_dirs[source.name] = make_features(recipe, source, records_of[source.name], target, folder)
+        feature_dirs[source.name] = make_features(recipe, source, records_of[source.name], target, folder, choice)
         manifest["features"][source.name] = {"folder": str(folder.relative_to(cache)), "shards": shard_table(folder)}
-    _write(cache, manifest)
-    if until == "features":
+        check_rebuilt(old.get("features", {}).get(source.name, {}).get("shards", {}),
+                      manifest["features"][source.name]["shards"], f"features of {source.name}")
+        _write(cache, manifest)
+    if until in ("data", "features"):
         return manifest
     previous, previous_fp = None, ""
     for stage in recipe.stages:
@@ -190,14 +250,14 @@ def run_recipe(recipe: Recipe, cache: str | Path, out: str | Path | None, device
             logger.info("stage %s: %d texts from %s", stage.name, len(records),
                         ", ".join(s.name for s in recipe.stage_sources(stage)))
             label = f"stages/{previous.name}" if stage.init == "^" else (stage.init or None)
-            summary = run_stage(recipe, stage, records, target, tokenizer, folder, init, fp, label)
+            summary = run_stage(recipe, stage, records, target, tokenizer, folder, init, fp, label, choice)
         manifest["stages"][stage.name] = summary
         previous, previous_fp = folder, fp
     _write(cache, manifest)
     if out is not None:
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
-        for name in ("model.safetensors", "opttree_draft.json", "training.json"):
+        for name in ("model.safetensors", "opttree_draft.json", "training.json"):  # not the checkpoint
             shutil.copy2(previous / name, out / name)
         (out / "data_manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest

@@ -152,8 +152,12 @@ def distill_loss(logits: torch.Tensor, batch: Batch, full_to_kept: torch.Tensor,
 
 
 def soft_hard_loss(logits: torch.Tensor, topk_ids: torch.Tensor, topk_logits: torch.Tensor,
-                   greedy: torch.Tensor, full_to_kept: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """Mean of soft CE (target top-k over kept tokens) and hard CE (greedy token), scalar.
+                   greedy: torch.Tensor, full_to_kept: torch.Tensor, temperature: float = 1.0,
+                   soft_weight: float = 0.5) -> torch.Tensor:
+    """``soft_weight`` × soft CE + (1 - ``soft_weight``) × hard CE, scalar. The soft CE is to the
+    target's top-k distribution renormalised over the kept tokens (= KL(target‖draft) plus the
+    target's entropy: lowest where the draft's distribution equals it); the hard CE is to the
+    greedy token.
 
     ``logits`` [N, K] over the kept tokens; ``topk_ids``/``topk_logits`` [N, k] the target's
     soft labels; ``greedy`` [N] its greedy token; ``full_to_kept`` [V] long: kept index of each
@@ -168,7 +172,7 @@ def soft_hard_loss(logits: torch.Tensor, topk_ids: torch.Tensor, topk_logits: to
     hard_idx = full_to_kept[greedy]  # [N]
     valid = hard_idx >= 0
     hard = -log_q[valid].gather(-1, hard_idx[valid, None]).mean() if valid.any() else log_q.sum() * 0
-    return (soft + hard) / 2
+    return soft_weight * soft + (1 - soft_weight) * hard
 
 
 @torch.no_grad()

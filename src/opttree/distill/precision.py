@@ -1,0 +1,218 @@
+"""Which precision is fast on this machine, measured, never assumed (``opttree distill --precision``).
+
+bf16 here means autocast to bfloat16 with float32 master weights; fp32 means plain float32.
+Which is faster depends on the machine, not on what its CPU flags promise: bf16 matmuls are
+several times faster than float32 on CPUs with AMX and on GPUs, several times SLOWER on CPUs
+whose kernels fall back to emulation. So ``auto`` times a short probe of each precision on the
+shapes the round will use and picks the faster one per stage:
+
+- ``features``: one target forward over a text of ``feature_tokens`` positions, hidden states on
+  (:func:`opttree.distill.features.features_of`);
+- ``train``: one optimizer step of the head on a batch of ``train_tokens`` positions
+  (:func:`opttree.distill.head_train.train_step`).
+
+The choice is kept in ``<cache>/precision.json`` with the machine it was measured on, so a round
+that resumes on the same machine keeps its precision (a flip caused by timing noise would start
+a different features folder); on another machine it is measured again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import platform
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+logger = logging.getLogger("opttree.distill")
+
+PRECISIONS = ("fp32", "bf16")
+STAGES = ("features", "train")
+CHOICE_FILE = "precision.json"
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One timed probe: ``calls`` calls of ``tokens`` positions each took ``seconds`` (warm-up excluded)."""
+
+    stage: str  # "features" | "train"
+    precision: str  # "fp32" | "bf16"
+    tokens: int
+    calls: int
+    seconds: float
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens * self.calls / max(self.seconds, 1e-12)
+
+
+@dataclass(frozen=True)
+class PrecisionChoice:
+    """The precision of each stage, and the probes it was chosen from (none when it was named)."""
+
+    features: str
+    train: str
+    probes: tuple[Probe, ...] = ()
+    machine: str = ""
+    how: str = "named"  # "named" (--precision fp32|bf16), "measured" or "kept" (from precision.json)
+
+    def report(self) -> str:
+        """What was measured and what was picked, one line per stage."""
+        lines = [f"precision ({self.how}) on {self.machine or 'this machine'}:"]
+        for stage in STAGES:
+            rates = {p.precision: p.tokens_per_second for p in self.probes if p.stage == stage}
+            measured = ", ".join(f"{k} {v:,.0f} tok/s" for k, v in sorted(rates.items()))
+            lines.append(f"  {stage}: {getattr(self, stage)}" + (f" ({measured})" if measured else ""))
+        return "\n".join(lines)
+
+    def to_json(self) -> dict:
+        return {"features": self.features, "train": self.train, "machine": self.machine,
+                "probes": [asdict(p) | {"tokens_per_second": round(p.tokens_per_second, 1)} for p in self.probes]}
+
+
+def choose(probes: list[Probe] | tuple[Probe, ...], machine: str = "") -> PrecisionChoice:
+    """Per stage, the precision whose probe ran the most tokens per second; fp32 for a stage
+    without any probe (a precision whose probe failed has none)."""
+    picked = {}
+    for stage in STAGES:
+        rates = {p.precision: p.tokens_per_second for p in probes if p.stage == stage}
+        picked[stage] = max(rates, key=lambda k: (rates[k], k == "fp32")) if rates else "fp32"
+    return PrecisionChoice(picked["features"], picked["train"], tuple(probes), machine, "measured")
+
+
+def named(precision: str, machine: str = "") -> PrecisionChoice:
+    """The choice ``--precision fp32|bf16`` makes: every stage in that precision."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS} or 'auto', not {precision!r}")
+    return PrecisionChoice(precision, precision, (), machine, "named")
+
+
+def machine_name(device: torch.device | str) -> str:
+    """The device as a person would name it: the GPU's name, or the CPU's model name and threads."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"{cpu_model()}, {torch.get_num_threads()} threads"
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``; the platform's name elsewhere)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def bf16_flags() -> list[str]:
+    """The CPU's bf16-related flags (reported next to the measurement; they decide nothing)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return []
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
+    return sorted(f for f in flags if f in ("amx_bf16", "amx_tile", "avx512_bf16", "avx512f", "avx2"))
+
+
+def feature_probe(target, tokens: int, layers: tuple[int, ...], topk: int, bf16: bool) -> Callable[[], object]:
+    """One target forward over ``tokens`` random positions with hidden states, as extraction runs it."""
+    from .features import features_of
+
+    ids = torch.randint(0, target.config.vocab_size, (tokens,), generator=torch.Generator().manual_seed(0))
+    return lambda: features_of(target, ids, topk, bf16, layers)
+
+
+def train_probe(target, cfg, tokens: int, bf16: bool) -> Callable[[], object]:
+    """One optimizer step of a head shaped as ``cfg`` (HeadTrainConfig) on a random batch of
+    ``tokens`` positions (rows of ``cfg.max_len``), as training runs it."""
+    from .head_data import FeatureBatch
+    from .head import new_head
+    from .head_train import kept_index, train_step
+
+    vocab = target.config.vocab_size
+    kept = torch.arange(min(cfg.num_kept_tokens, vocab))
+    head, _ = new_head(target, kept, None, cfg.num_layers, tuple(cfg.feature_layers))
+    head = head.to(target.get_input_embeddings().weight.device).train()
+    rows, length = max(1, tokens // cfg.max_len), min(tokens, cfg.max_len)
+    g = torch.Generator().manual_seed(0)
+    width, k = head.c.feature_width, 8
+    batch = FeatureBatch(  # [B, L] tokens, [B, L, F] features, [B, L, k] soft labels
+        tokens=torch.randint(0, vocab, (rows, length), generator=g),
+        features=torch.randn(rows, length, width, generator=g),
+        valid=torch.ones(rows, length, dtype=torch.bool),
+        topk_ids=torch.randint(0, len(kept), (rows, length, k), generator=g),
+        topk_logits=torch.randn(rows, length, k, generator=g).sort(-1, descending=True).values,
+        answer=torch.ones(rows, length, dtype=torch.bool)).to(head.device)
+    params = [p for p in head.parameters() if p.requires_grad]
+    optim = torch.optim.AdamW(params, lr=1e-6)
+    step_cfg, full_to_kept = replace(cfg, bf16=bf16), kept_index(head)
+    return lambda: train_step(head, optim, batch, step_cfg, full_to_kept, 1e-6)
+
+
+def time_alternating(fns: dict[str, Callable[[], object]], seconds: float,
+                     clock: Callable[[], float] = time.perf_counter, max_rounds: int = 1000) -> dict[str, tuple[int, float]]:
+    """``{name: (calls, seconds)}``: one warm-up call of each (not counted), then rounds of one call
+    of each in turn until each has run ``seconds`` (at least one round). Taking turns makes a load
+    that comes and goes on a shared machine slow every candidate alike."""
+    for fn in fns.values():
+        fn()
+    spent = {name: [0, 0.0] for name in fns}
+    for _ in range(max_rounds):
+        for name, fn in fns.items():
+            start = clock()
+            fn()
+            spent[name][0] += 1
+            spent[name][1] += clock() - start
+        if all(took >= seconds for _, took in spent.values()):
+            break
+    return {name: (calls, took) for name, (calls, took) in spent.items()}
+
+
+def probe_round(target, train_cfg, layers: tuple[int, ...] = (-1,), seconds: float = 1.0,
+                feature_tokens: int = 512, train_tokens: int = 2048, topk: int = 16) -> list[Probe]:
+    """Time both precisions on both stages, taking turns (about ``seconds`` each, plus a warm-up
+    call). A precision that fails on this machine (no bf16 kernels) gets no probe."""
+    rows = max(1, train_tokens // train_cfg.max_len)
+    makers = {"features": (lambda bf16: feature_probe(target, feature_tokens, layers, topk, bf16), feature_tokens),
+              "train": (lambda bf16: train_probe(target, train_cfg, train_tokens, bf16),
+                        rows * min(train_tokens, train_cfg.max_len))}
+    out = []
+    for stage, (make, tokens) in makers.items():
+        fns = {}
+        for precision in PRECISIONS:
+            try:
+                fn = make(precision == "bf16")
+                fn()  # a precision without kernels here fails at once
+            except (RuntimeError, NotImplementedError) as error:
+                logger.warning("%s in %s does not run here (%s): not a candidate", stage, precision, error)
+                continue
+            fns[precision] = fn
+        for precision, (calls, took) in time_alternating(fns, seconds).items():
+            out.append(Probe(stage, precision, tokens, calls, took))
+    return out
+
+
+def resolve(requested: str, device, cache: Path | None, measure: Callable[[], list[Probe]]) -> PrecisionChoice:
+    """The precision of a round: ``fp32`` / ``bf16`` as named; ``auto``: the choice kept in
+    ``cache/precision.json`` when it was measured on this machine, else ``measure()``'s (then kept)."""
+    machine = machine_name(device)
+    if requested != "auto":
+        return named(requested, machine)
+    path = cache / CHOICE_FILE if cache is not None else None
+    if path is not None and path.exists():
+        kept = json.loads(path.read_text())
+        if kept.get("machine") == machine:
+            return PrecisionChoice(kept["features"], kept["train"], tuple(
+                Probe(**{k: p[k] for k in ("stage", "precision", "tokens", "calls", "seconds")})
+                for p in kept.get("probes", [])), machine, "kept")
+    choice = choose(measure(), machine)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(choice.to_json(), indent=2) + "\n")
+    return choice
