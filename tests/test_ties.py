@@ -16,15 +16,6 @@ HALF = [torch.bfloat16, torch.float16]
 EXACT = [torch.float32, torch.float64]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Models this small run fastest on one thread (and much slower on two busy cores)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def scores_with(values: dict[int, float], vocab: int = 8, rest: float = 0.0) -> torch.Tensor:
     """One step's scores [vocab] float32: ``rest`` everywhere but at the given tokens."""
     row = torch.full((vocab,), rest)

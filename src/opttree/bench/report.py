@@ -25,18 +25,10 @@ import torch
 
 from ..drafters.mixed import MixedDrafter
 from ..tools.ties import TIE_EPS_MULTIPLE, Outcome
+from ..distill.precision import cpu_model
 from .plots import write_plots
 from .records import ALL, REFERENCE, Summary, TurnRecord, summarise
 
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def _model_info(model) -> dict | None:
@@ -71,7 +63,7 @@ def environment(target, draft, *, seed: int = 0) -> dict:
         "date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
         "python": sys.version.split()[0],
         "platform": platform.platform(),
-        "cpu": _cpu_name(),
+        "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
