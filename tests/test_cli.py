@@ -69,7 +69,8 @@ def test_distill_help_shows_defaults_and_how_long(capsys):
     text = " ".join(help_text(capsys, ["distill", "--help"]).split())
     assert text.startswith("usage: opttree distill")
     assert "(default: 1024)" in text and "(default: 128)" in text and "(default: head)" in text
-    assert "hours on a CPU" in text and "(default: None)" not in text
+    assert "How long (measured with `--stage probe`" in text and "tokens/s in bf16" in text  # measured, per precision
+    assert "(default: None)" not in text
     assert "'smollm2'" in text
 
 
