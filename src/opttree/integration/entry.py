@@ -170,10 +170,10 @@ class SpeculativeGenerationMixin:
 
     def generate(self, *args, draft_model=None, generator=None, **kwargs):
         if draft_model is None:
-            given = given_settings(**{k: kwargs[k] for k in TREE_ARGS if k in kwargs})
+            given = given_settings(**{k: kwargs.pop(k) for k in TREE_ARGS if k in kwargs})
             if given or generator is not None:
                 raise ValueError(f"{sorted(given) or ['generator']} need draft_model=")
-            return super().generate(*args, **{k: v for k, v in kwargs.items() if k not in TREE_ARGS})
+            return super().generate(*args, **kwargs)
         if isinstance(kwargs.get("custom_generate"), str):  # a Hub method (opttree's own folder, say) gets them all
             extra = {} if generator is None else {"generator": generator}
             return super().generate(*args, draft_model=draft_model, **extra, **kwargs)
