@@ -101,3 +101,26 @@ def test_zero_probability_tokens_are_never_drafted():
 
 def test_best_nodes_breaks_ties_parent_first():
     assert best_nodes(torch.tensor([0.5, 0.5, 0.5, 0.1]), 2).tolist() == [0, 1]
+
+
+def test_a_layer_read_from_the_best_nodes_alone_equals_one_read_from_the_whole_pool():
+    """read_layer sees the previous reading's best nodes instead of the whole pool: same E(A),
+    same frontier, ties included (many equal p̂, zeros too)."""
+    from opttree.tree.builder import read_layer
+
+    def whole_pool(pool, layer, budget):  # the reference: a stable sort of everything
+        merged = torch.sort(torch.cat([pool, layer]), descending=True, stable=True)
+        frontier = int((merged.indices[:budget] >= pool.shape[0]).sum())
+        return float(merged.values[:budget].sum()), min(frontier, int((layer > 0).sum()))
+
+    g = torch.Generator().manual_seed(0)
+    for trial in range(200):
+        budget = int(torch.randint(1, 12, (1,), generator=g))
+        pool, best = torch.empty(0), torch.empty(0)
+        for _ in range(4):
+            layer = (torch.randint(0, 4, (int(torch.randint(1, 15, (1,), generator=g)),), generator=g) / 4.0)
+            layer = torch.sort(layer, descending=True).values  # coarse values: ties everywhere
+            reading = read_layer(best, layer, budget)
+            gain, frontier = whole_pool(pool, layer, budget)
+            assert reading.expected_length == pytest.approx(gain) and reading.frontier == frontier, trial
+            pool, best = torch.cat([pool, layer[:reading.positive]]), reading.best

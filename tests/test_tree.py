@@ -48,3 +48,39 @@ def test_parents_must_precede_children():
 def test_render_marks_accepted_path():
     text = small_tree().render(decode=lambda t: f"t{t}", accepted=[1, 3])
     assert "(root)" in text and "*'t11'" in text and "*'t13'" in text and " 't10'" in text
+
+
+def grown_by_layers(tree, capacity=0):
+    """``tree`` rebuilt with first_layer + extend, one layer per depth (parents keep their order)."""
+    depth = tree.depths()
+    first = (depth == 1).nonzero().flatten()
+    grown = DraftTree.first_layer(tree.tokens[first], tree.path_probs[first], capacity=capacity)
+    index = {int(i): k for k, i in enumerate(first)}
+    for d in range(2, int(depth.max()) + 1):
+        ids = (depth == d).nonzero().flatten()
+        parents = torch.tensor([index[int(tree.parents[i])] for i in ids])
+        for k, i in enumerate(ids.tolist()):
+            index[i] = len(grown) + k
+        grown = grown.extend(tree.tokens[ids], parents, tree.path_probs[ids])
+    return grown
+
+
+def test_extend_writes_the_same_ancestors_as_the_closure_whatever_the_capacity():
+    tree = small_tree()
+    for capacity in (0, 2, 5, 64):  # 0 and 2: the store doubles on the way
+        grown = grown_by_layers(tree, capacity)
+        from opttree.tree.draft_tree import closure
+        assert torch.equal(grown.ancestor_mask(), closure(grown.parents))
+        assert grown.depths().tolist() == sorted(tree.depths().tolist())
+
+
+def test_an_older_tree_extended_again_keeps_both_trees_right():
+    """Two extensions of the SAME tree (a branch): the second may not overwrite the rows the first wrote."""
+    from opttree.tree.draft_tree import closure
+    base = DraftTree.first_layer(torch.tensor([1, 2]), torch.tensor([0.6, 0.4]), capacity=8)
+    left = base.extend(torch.tensor([3]), torch.tensor([0]), torch.tensor([0.5]))
+    right = base.extend(torch.tensor([4, 5]), torch.tensor([1, 1]), torch.tensor([0.3, 0.1]))
+    for tree in (base, left, right):
+        assert torch.equal(tree.ancestor_mask(), closure(tree.parents))
+    assert left.ancestor_mask()[2].tolist() == [True, False, True]
+    assert right.ancestor_mask()[2:].tolist() == [[False, True, True, False], [False, True, False, True]]

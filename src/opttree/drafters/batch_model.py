@@ -30,6 +30,7 @@ class BatchModelDrafter(DrafterRows):
     def __init__(self, model, to_probs: ToProbs, rows: int):
         self.model = model
         self.to_probs = to_probs
+        self._device = input_device(model)  # a drafter lives for one generate() call: the model stays put
         self.cache = kv_cache.new_cache(model)
         self.valid = torch.zeros(rows, 0, dtype=torch.bool, device=self.device)  # [B, L] committed slots
         self.seen = [0] * rows  # committed tokens of each row in the cache (the root included)
@@ -43,7 +44,7 @@ class BatchModelDrafter(DrafterRows):
 
     @property
     def device(self) -> torch.device:
-        return input_device(self.model)
+        return self._device
 
     def caches(self) -> list:
         return [self.cache]

@@ -38,6 +38,7 @@ class ModelDrafter(Drafter):
         self.model = model
         self.to_probs = to_probs or softmax
         self.context_length = context_length
+        self._device = input_device(model)  # a drafter lives for one generate() call: the model stays put
         self.cache = kv_cache.new_cache(model)
         self.prefix_len = 0  # committed tokens in the cache (the root included)
         self.fed = torch.empty(0, dtype=torch.long, device=self.device)  # [f] pool ids of this step's cache slots, in slot order
@@ -61,7 +62,7 @@ class ModelDrafter(Drafter):
 
     @property
     def device(self) -> torch.device:
-        return input_device(self.model)
+        return self._device
 
     def _forward(self, **inputs) -> torch.Tensor:
         out = self.model(**inputs, **with_cache(self.model, self.cache), use_cache=True)

@@ -40,6 +40,8 @@ Grow = Callable[[LayerState], bool]
 # A builder at work: yields expand's requests (pool, frontier), is sent each answer ([k, vocab]
 # float), returns the BuiltTree.
 Growth = Generator[tuple[DraftTree, torch.Tensor], torch.Tensor, "BuiltTree"]
+# the pool's ancestor store starts with room for nodes × depth nodes, up to this many (then doubles)
+POOL_CAPACITY = 1024
 
 
 @dataclass
@@ -130,18 +132,22 @@ class LayerReading:
     positive: int  # the new layer's nodes with p̂ > 0 (a prefix: p̂ is descending)
     expected_length: float  # E(A) of the best ``nodes`` nodes of the pool with the new layer
     frontier: int  # the new layer's nodes among those best (a prefix), the next expand's width
+    best: torch.Tensor  # [<= nodes] float: those best p̂, descending, ties earlier-first (zeros add nothing)
 
 
-def read_layer(pool_probs: torch.Tensor, layer_probs: torch.Tensor, budget: int) -> LayerReading:
-    """pool_probs: [m] float, p̂ of the pool before the layer; layer_probs: [c] float, descending.
-    Ties go to the earlier node (the pool before the layer, then the layer's own order)."""
-    merged = torch.sort(torch.cat([pool_probs, layer_probs]), descending=True, stable=True)  # [m + c]
+def read_layer(best: torch.Tensor, layer_probs: torch.Tensor, budget: int) -> LayerReading:
+    """best: [b] float, the p̂ of the pool's best ``budget`` nodes before the layer, descending
+    (the previous reading's ``best``; the pool's other nodes can never be among the best again);
+    layer_probs: [c] float, descending. Ties go to the earlier node (the pool before the layer,
+    then the layer's own order), as a stable sort of the whole pool would break them."""
+    merged = torch.sort(torch.cat([best, layer_probs]), descending=True, stable=True)  # [b + c]
+    top = merged.values[:budget]  # [min(budget, b + c)]
     positive, gain, frontier = torch.cat([
         (layer_probs > 0).sum(dim=0, keepdim=True),  # [1]
-        merged.values[:budget].sum(dim=0, keepdim=True),  # [1]
-        (merged.indices[:budget] >= pool_probs.shape[0]).sum(dim=0, keepdim=True),  # [1]
+        top.sum(dim=0, keepdim=True),  # [1]
+        (merged.indices[:budget] >= best.shape[0]).sum(dim=0, keepdim=True),  # [1]
     ]).tolist()
-    return LayerReading(int(positive), gain, min(int(frontier), int(positive)))
+    return LayerReading(int(positive), gain, min(int(frontier), int(positive)), top)
 
 
 def grown(growth: Growth, expand: Expand) -> BuiltTree:
@@ -191,7 +197,8 @@ def grow_opt_tree(root_probs: torch.Tensor, config: TreeConfig, max_depth=None, 
     # 1. the first layer: the root's most probable children
     top = torch.topk(root_probs, min(budget, root_probs.shape[0]))
     reading = read_layer(root_probs[:0], top.values, budget)
-    pool = DraftTree.first_layer(top.indices[:reading.positive], top.values[:reading.positive])  # p̂ descending
+    pool = DraftTree.first_layer(top.indices[:reading.positive], top.values[:reading.positive],  # p̂ descending
+                                 capacity=min(budget * depth_cap, POOL_CAPACITY))
     gains, layers = [reading.expected_length], [ExpandedLayer(torch.full((1,), -1, device=device), root_probs[None])]
     start, depth = 0, 1 if reading.positive else 0  # the newest layer is pool[start:]
 
@@ -208,7 +215,7 @@ def grow_opt_tree(root_probs: torch.Tensor, config: TreeConfig, max_depth=None, 
         if child_probs.dtype != pool.path_probs.dtype:
             child_probs = child_probs.to(pool.path_probs.dtype)
         rows, tokens, probs = top_children(pool.path_probs[start:start + k], child_probs, budget)
-        reading = read_layer(pool.path_probs, probs, budget)
+        reading = read_layer(reading.best, probs, budget)
         if reading.positive == 0:
             break
         if reading.positive < probs.shape[0]:  # q = 0 tokens are never drafted

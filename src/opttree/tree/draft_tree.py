@@ -8,7 +8,7 @@ come before their children (``parents[i] < i``).
 
 from __future__ import annotations
 
-from dataclasses import InitVar, dataclass
+from dataclasses import InitVar, dataclass, field
 
 import torch
 
@@ -30,6 +30,8 @@ class DraftTree:
     depth: torch.Tensor | None = None  # [n] long: 1 for the root's children, 2 for theirs, ...
     ancestors: torch.Tensor | None = None  # [n, n] bool: [i, j] = node j is node i or one of its ancestors
     check: InitVar[bool] = True
+    # where :meth:`extend` writes the next layer's ancestor rows (``ancestors`` is a view of it)
+    store: "AncestorStore | None" = field(default=None, repr=False, compare=False)
 
     def __post_init__(self, check: bool):
         n = self.tokens.shape[0]
@@ -45,25 +47,31 @@ class DraftTree:
                    torch.empty(0, 0, dtype=torch.bool, device=device), check=False)
 
     @classmethod
-    def first_layer(cls, tokens: torch.Tensor, path_probs: torch.Tensor) -> "DraftTree":
-        """The root's children: tokens [c] long, p̂ [c] float."""
+    def first_layer(cls, tokens: torch.Tensor, path_probs: torch.Tensor, capacity: int = 0) -> "DraftTree":
+        """The root's children: tokens [c] long, p̂ [c] float. ``capacity``: the nodes the pool
+        is expected to reach as :meth:`extend` grows it (its ancestor store starts that large)."""
         c = tokens.shape[0]
-        device = tokens.device
-        return cls(tokens, torch.full((c,), -1, dtype=torch.long, device=device), path_probs,
-                   ancestors=torch.eye(c, dtype=torch.bool, device=device), check=False)
+        store = AncestorStore.with_capacity(max(capacity, c), tokens.device)
+        store.filled = c
+        return cls(tokens, torch.full((c,), -1, dtype=torch.long, device=tokens.device), path_probs,
+                   ancestors=store.view(c), store=store, check=False)
 
     def extend(self, tokens: torch.Tensor, parents: torch.Tensor, path_probs: torch.Tensor) -> "DraftTree":
         """This tree plus c new nodes under EXISTING nodes: tokens [c] long, parents [c] long
-        (each in [0, n)), p̂ [c] float. A new node's ancestor row is its parent's plus itself;
-        depths are left to :meth:`depths` (a row sum of the ancestor mask), made on demand."""
-        c = tokens.shape[0]
-        rows = self.ancestor_mask().index_select(0, parents)  # [c, n]
-        ancestors = torch.cat([
-            torch.nn.functional.pad(self.ancestor_mask(), (0, c)),  # [n, n + c]
-            torch.cat([rows, torch.eye(c, dtype=torch.bool, device=rows.device)], dim=1),  # [c, n + c]
-        ])
+        (each in [0, n)), p̂ [c] float. A new node's ancestor row is its parent's plus itself,
+        written into the store's next rows (no copy of the n × n mask); depths are left to
+        :meth:`depths` (a row sum of the ancestor mask), made on demand."""
+        n, c = len(self), tokens.shape[0]
+        store = self.store
+        if store is None or store.filled != n:  # not the newest tree of its store (or none): a store of its own
+            store = AncestorStore.holding(self.ancestor_mask(), 2 * (n + c))
+        store.reserve(n + c)
+        # a parent's row has no column >= n set; the new rows' own diagonal is set already
+        store.buffer[n:n + c].logical_or_(store.buffer.index_select(0, parents))  # [c, capacity]
+        store.filled = n + c
         return DraftTree(torch.cat([self.tokens, tokens]), torch.cat([self.parents, parents]),
-                         torch.cat([self.path_probs, path_probs]), ancestors=ancestors, check=False)
+                         torch.cat([self.path_probs, path_probs]), ancestors=store.view(n + c), store=store,
+                         check=False)
 
     def subtree(self, keep: torch.Tensor) -> "DraftTree":
         """The nodes ``keep`` ([k] long, ascending, closed under parents), re-indexed."""
@@ -161,6 +169,45 @@ class DraftTree:
 
         walk(-1, "")
         return "\n".join(lines)
+
+
+@dataclass
+class AncestorStore:
+    """The ancestor mask of a pool that grows layer by layer, kept in one buffer.
+
+    ``buffer`` [capacity, capacity] bool starts as the identity (every node is its own ancestor);
+    rows ``[0, filled)`` hold the pool's nodes. A new layer writes only its own rows, so the
+    trees made on the way keep valid views (``buffer[:n, :n]``) and no layer copies the n × n
+    mask. Only the newest tree of a store may extend it (:meth:`DraftTree.extend` checks).
+    """
+
+    buffer: torch.Tensor  # [capacity, capacity] bool
+    filled: int = 0
+
+    @classmethod
+    def with_capacity(cls, capacity: int, device) -> "AncestorStore":
+        return cls(torch.eye(capacity, dtype=torch.bool, device=device))
+
+    @classmethod
+    def holding(cls, ancestors: torch.Tensor, capacity: int) -> "AncestorStore":
+        """A store whose first ``n`` rows are ``ancestors`` [n, n] bool."""
+        n = ancestors.shape[0]
+        store = cls.with_capacity(max(capacity, n), ancestors.device)
+        store.buffer[:n, :n] = ancestors
+        store.filled = n
+        return store
+
+    def reserve(self, size: int) -> None:
+        """Room for ``size`` nodes: a buffer twice as large (the filled block copied) when short."""
+        capacity = self.buffer.shape[0]
+        if size > capacity:
+            bigger = torch.eye(max(size, 2 * capacity), dtype=torch.bool, device=self.buffer.device)
+            bigger[:self.filled, :self.filled] = self.buffer[:self.filled, :self.filled]
+            self.buffer = bigger
+
+    def view(self, n: int) -> torch.Tensor:
+        """[n, n] bool: the ancestor mask of the first ``n`` nodes."""
+        return self.buffer[:n, :n]
 
 
 def closure(parents: torch.Tensor) -> torch.Tensor:
