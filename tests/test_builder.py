@@ -124,3 +124,18 @@ def test_a_layer_read_from_the_best_nodes_alone_equals_one_read_from_the_whole_p
             gain, frontier = whole_pool(pool, layer, budget)
             assert reading.expected_length == pytest.approx(gain) and reading.frontier == frontier, trial
             pool, best = torch.cat([pool, layer[:reading.positive]]), reading.best
+
+
+@pytest.mark.parametrize("k,vocab", [(3, 7), (40, 30000)])  # the flat path and the per-row one
+def test_top_children_are_the_best_products_either_way(k, vocab):
+    from opttree.tree.builder import WIDE_LAYER, top_children
+
+    g = torch.Generator().manual_seed(k)
+    parents = torch.rand(k, generator=g)
+    children = torch.softmax(torch.randn(k, vocab, generator=g) * 4, dim=-1)
+    assert (k * vocab >= WIDE_LAYER) == (vocab == 30000)
+    rows, tokens, probs = top_children(parents, children, 20)
+    products = (parents[:, None] * children).view(-1)
+    expected = products.topk(min(20, products.numel())).values
+    assert torch.equal(probs, expected)  # the best values, descending
+    assert torch.equal(parents[rows] * children[rows, tokens], probs)  # each names its own parent and token

@@ -42,6 +42,8 @@ Grow = Callable[[LayerState], bool]
 Growth = Generator[tuple[DraftTree, torch.Tensor], torch.Tensor, "BuiltTree"]
 # the pool's ancestor store starts with room for nodes × depth nodes, up to this many (then doubles)
 POOL_CAPACITY = 1024
+# a layer's k × vocab draft probabilities from which top_children takes each row's best first
+WIDE_LAYER = 1 << 20
 
 
 @dataclass
@@ -118,11 +120,20 @@ def top_children(parent_probs: torch.Tensor, child_probs: torch.Tensor, budget: 
     child_probs:  [k, vocab] float, the draft's q for their children
     returns:      (parent row [c] long, token [c] long, p̂ [c] float), c = min(budget, k × vocab),
                   p̂ descending; zeros included (the caller cuts them with its host read).
+
+    A wide layer over a large vocabulary (k × vocab ≥ ``WIDE_LAYER``) first keeps each row's best
+    ``budget`` tokens (no other can be among the layer's best): one top-k over [k, vocab] instead
+    of a product and a top-k over k × vocab values (on CPUs the flat top-k slows ~5x at 2^21 values).
     """
-    scores = parent_probs.unsqueeze(1) * child_probs  # [k, vocab]
-    vocab = scores.shape[1]
-    top = torch.topk(scores.view(-1), min(budget, scores.numel()))
-    return torch.div(top.indices, vocab, rounding_mode="floor"), top.indices % vocab, top.values
+    k, vocab = child_probs.shape
+    if k * vocab < WIDE_LAYER or vocab <= budget:
+        scores = parent_probs.unsqueeze(1) * child_probs  # [k, vocab]
+        top = torch.topk(scores.view(-1), min(budget, scores.numel()))
+        return torch.div(top.indices, vocab, rounding_mode="floor"), top.indices % vocab, top.values
+    row = torch.topk(child_probs, budget, dim=1)  # [k, budget] each row's best tokens
+    scores = parent_probs.unsqueeze(1) * row.values  # [k, budget]
+    top = torch.topk(scores.view(-1), budget)
+    return torch.div(top.indices, budget, rounding_mode="floor"), row.indices.view(-1)[top.indices], top.values
 
 
 @dataclass
