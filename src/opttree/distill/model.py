@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .draft_dtype import check_dtype, in_dtype
 from .files import (COUNT, INDEXES, META_FILE, NUMBER, TEXT, WEIGHTS_FILE, check_format, embedding_checksum, embedding_matches,
                     first_problem, parse_meta, read_meta, read_weights, weights_mismatch)
 from .head import HEAD_FORMAT, load_head
@@ -153,23 +154,31 @@ def save_draft(draft, meta: DraftMeta, path: str | Path, dtype: torch.dtype | No
     return path
 
 
-def load_draft(path: str | Path, target, dtype: torch.dtype | None = None):
+def load_draft(path: str | Path, target, dtype: torch.dtype | str | None = None):
     """Load a draft saved by :func:`save_draft` (or a feature head saved by
     :func:`opttree.distill.head.save_head`, returned as a FeatureHead), completing it from ``target``.
 
     The draft shares the target's input embedding and rebuilds its head rows from the target's
     output embedding, so ``target`` must be the model the draft was distilled from (a mismatch
-    is logged as a warning). Returns an eval-mode ``LlamaForCausalLM`` in ``dtype`` (default:
-    the target's dtype) with ``config._attn_implementation == "sdpa"``; a feature head comes in
-    ``dtype`` (default float32; bfloat16 is faster on CPUs with AVX512-BF16 and on GPUs).
+    is logged as a warning). Returns an eval-mode ``LlamaForCausalLM`` with
+    ``config._attn_implementation == "sdpa"``, or a FeatureHead, in ``dtype``:
+
+    - None: a draft model in the target's dtype, a feature head in float32;
+    - a floating torch.dtype: that one (a draft model in another dtype than the target's gets its
+      own copy of the embedding; the target's is left as it is);
+    - ``"auto"``: float32 or bfloat16, whichever a short probe runs faster on this machine
+      (bfloat16 on a GPU that has it), cached per draft folder and machine; see
+      :mod:`opttree.distill.draft_dtype`.
+
+    Anything else is a ValueError naming these.
     """
     from transformers import LlamaConfig
 
+    dtype = check_dtype(dtype)
     path = Path(path)
     data = read_meta(path)
     if data.get("format") == HEAD_FORMAT:  # an EAGLE-style feature head (opttree.distill.head)
-        head = load_head(path, target)
-        return head if dtype is None else head.to(dtype)
+        return in_dtype(load_head(path, target), dtype, target, path)
     meta = parse_meta(DraftMeta, data, META_KINDS, str(path / META_FILE))
     check_format(meta.format, (FORMAT, HEAD_FORMAT), path)
     if (meta.target_vocab_size, meta.target_hidden_size) != (
@@ -201,6 +210,4 @@ def load_draft(path: str | Path, target, dtype: torch.dtype | None = None):
     missing = [m for m in missing if not (m.startswith("model.embed_tokens") or m == "lm_head.weight")]
     if missing or unexpected:
         raise weights_mismatch(path, f"missing {missing}, unexpected {unexpected}")
-    if dtype is not None and dtype != target_dtype:
-        draft = draft.to(dtype)  # note: this copies the (then unshared) embedding
-    return draft.eval()
+    return in_dtype(draft.eval(), dtype, target, path)
