@@ -319,3 +319,30 @@ def test_report_describes_a_mixed_feature_head_draft():
     info = _model_info(MixedDrafter(head.to(torch.bfloat16)))
     assert info["class"] == "MixedDrafter(FeatureHead)"
     assert info["dtype"] == "torch.bfloat16" and info["parameters"] > 0
+
+
+def test_draft_dtype_auto_is_chosen_and_named_in_the_header(pair, tmp_path, monkeypatch):
+    from opttree.distill import dtype_probe
+    from opttree.distill.dtype_probe import DtypeTimes
+    from opttree.distill.head import new_head, save_head
+
+    target, _ = pair
+    monkeypatch.setattr(dtype_probe, "probe_dtypes", lambda model, *a, **k: DtypeTimes(3e-3, 1e-3))  # bf16 3x faster
+    draft = bench_models.load_draft_model("truncated:1", target, "auto")
+    assert draft.dtype == torch.bfloat16 and target.dtype == torch.float32
+    assert bench_models.dtype_words("auto", draft) == "bfloat16 (auto)"
+    assert bench_models.dtype_words(None, draft) == "bfloat16" and bench_models.dtype_words("auto", None) is None
+    head, meta = new_head(target, token_ids=torch.arange(40, 96))
+    save_head(head, meta, tmp_path / "head")
+    assert bench_models.load_draft_model(str(tmp_path / "head"), target, "auto").fc.weight.dtype == torch.bfloat16
+    # the command line: --draft-dtype auto, the choice in the report's header
+    path = tmp_path / "q.jsonl"
+    path.write_text(json.dumps(QUESTIONS[1]) + "\n")
+    monkeypatch.setattr(bench_models, "load_target", lambda spec, dtype, device: (target, CharTokenizer()))
+    out = tmp_path / "out"
+    code = cli.main(["--questions", str(path), "--draft", "truncated:1", "--draft-dtype", "auto", "--quick",
+                     "--max-new-tokens", "4", "--no-progress", "--no-plots", "--methods", "plain,opttree",
+                     "--nodes", "3", "--out", str(out), "--device", "cpu"])
+    assert code == 0
+    assert json.loads((out / "header.json").read_text())["draft_dtype"] == "bfloat16 (auto)"
+    assert "- draft_dtype: bfloat16 (auto)" in (out / "summary.md").read_text()

@@ -94,8 +94,9 @@ def parser(prog: str = "python -m opttree.bench") -> argparse.ArgumentParser:
                     help="num_assistant_tokens_schedule (HF default heuristic)")
     run = p.add_argument_group("run")
     run.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
-    run.add_argument("--draft-dtype", default=None, choices=sorted(DTYPES),
-                     help="dtype of --draft (default: --dtype); e.g. bfloat16 for a feature head")
+    run.add_argument("--draft-dtype", default=None, choices=sorted(DTYPES) + ["auto"],
+                     help="dtype of --draft (default: --dtype); auto: float32 or bfloat16, whichever a short probe "
+                          "runs faster on this machine (bfloat16 on a GPU that has it; opttree.distill.draft_dtype)")
     run.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (auto: cuda if present)")
     run.add_argument("--threads", type=int, default=None, help="torch threads; default: torch's")
     run.add_argument("--seed", type=int, default=0)
@@ -128,7 +129,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m opttree.bench") -
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     dtype = DTYPES[args.dtype]
 
-    from .models import load_draft_model, load_target
+    from .models import dtype_words, load_draft_model, load_target
     from .runner import run_bench
 
     categories = [c.strip() for c in args.categories.split(",")] if args.categories else None
@@ -150,7 +151,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m opttree.bench") -
 
     t0 = time.perf_counter()
     target, tokenizer = load_target(args.target, dtype, device)
-    draft = load_draft_model(args.draft, target, DTYPES[args.draft_dtype] if args.draft_dtype else dtype, device)
+    draft_dtype = DTYPES.get(args.draft_dtype, args.draft_dtype) if args.draft_dtype else dtype  # or "auto"
+    draft = load_draft_model(args.draft, target, draft_dtype, device)
+    draft_dtype_words = dtype_words(args.draft_dtype, draft)
+    if draft_dtype_words:
+        logger.info("draft dtype: %s", draft_dtype_words)
     assistant = load_draft_model(args.assistant, target, dtype, device) if args.assistant else None
     if args.mix_lookup is not None and draft is not None:
         from ..drafters import MixedDrafter
@@ -167,7 +172,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m opttree.bench") -
     tree = {"nodes": args.nodes, "threshold": args.threshold, "max_depth": args.max_depth,
             "strategy": args.strategy, "verifier": args.verifier}
     header = {"command": f"{prog} " + " ".join(argv), "target_spec": args.target,
-              "draft_spec": args.draft, "assistant_spec": args.assistant or (args.draft if uses_assistant & set(methods) else None), "questions_file": str(args.questions),
+              "draft_spec": args.draft, "draft_dtype": draft_dtype_words, "assistant_spec": args.assistant or (args.draft if uses_assistant & set(methods) else None), "questions_file": str(args.questions),
               "categories": ",".join(dict.fromkeys(q.group for q in questions)), "quick": args.quick}
     result = run_bench(
         target, draft, tokenizer, questions, methods=methods, max_new_tokens=args.max_new_tokens,

@@ -4,7 +4,9 @@ target: ``smollm2`` (the default: SmolLM2-135M-Instruct via :func:`opttree.smoll
 a folder holding SmolLM2's GGUF file, or anything ``from_pretrained`` takes.
 draft: a folder written by ``opttree distill`` (loaded with :func:`opttree.distill.load_draft`,
 which completes it from the target), any other ``from_pretrained`` folder, or ``truncated:N``: a
-copy of the target's first N layers (untrained, hence weak; for when no draft exists).
+copy of the target's first N layers (untrained, hence weak; for when no draft exists). Its dtype
+may be ``"auto"``: float32 or bfloat16, whichever runs it faster here
+(:mod:`opttree.distill.draft_dtype`; measured again on each run but for a distilled folder).
 """
 
 from __future__ import annotations
@@ -55,21 +57,40 @@ def truncated_copy(target, num_layers: int):
     return draft.eval()
 
 
-def load_draft_model(spec: str | None, target, dtype: torch.dtype = torch.float32, device: str = "cpu"):
-    """The draft named by ``spec`` (see the module docstring), or None."""
+def load_draft_model(spec: str | None, target, dtype: torch.dtype | str = torch.float32, device: str = "cpu"):
+    """The draft named by ``spec`` (see the module docstring) in ``dtype`` (a torch dtype or
+    ``"auto"``), or None."""
     if not spec or spec == "none":
         return None
+    auto = isinstance(dtype, str)  # "auto": loaded in float32, then maybe cast (distill.draft_dtype)
     if spec.startswith("truncated:"):
-        return truncated_copy(target, int(spec.split(":", 1)[1])).to(device=device, dtype=dtype)
-    path = Path(spec)
-    if (path / DISTILLED_META).is_file():
-        try:
-            from ..distill import load_draft
-        except ImportError as error:
-            logger.warning("%s looks like an opttree distilled draft but opttree.distill is unavailable (%s); "
-                           "loading it with from_pretrained", spec, error)
-        else:
-            return load_draft(path, target, dtype=dtype).to(device).eval()
-    from transformers import AutoModelForCausalLM
+        draft = truncated_copy(target, int(spec.split(":", 1)[1]))
+        draft = draft.to(device=device, dtype=torch.float32 if auto else dtype)
+    else:
+        path = Path(spec)
+        if (path / DISTILLED_META).is_file():
+            try:
+                from ..distill import load_draft
+            except ImportError as error:
+                logger.warning("%s looks like an opttree distilled draft but opttree.distill is unavailable (%s); "
+                               "loading it with from_pretrained", spec, error)
+            else:
+                return load_draft(path, target, dtype=dtype).to(device).eval()
+        from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(spec, dtype=dtype, attn_implementation="sdpa").to(device).eval()
+        draft = AutoModelForCausalLM.from_pretrained(spec, dtype=torch.float32 if auto else dtype,
+                                                     attn_implementation="sdpa").to(device).eval()
+    if auto:
+        from ..distill.draft_dtype import in_dtype
+
+        draft = in_dtype(draft, dtype, target)
+    return draft
+
+
+def dtype_words(requested: str | None, draft) -> str | None:
+    """The draft's dtype for the report's header: ``"bfloat16 (auto)"`` where "auto" chose it."""
+    if not isinstance(draft, torch.nn.Module):
+        return None
+    dtype = next((p.dtype for p in draft.parameters() if p.is_floating_point()), None)
+    name = str(dtype).removeprefix("torch.")
+    return f"{name} (auto)" if requested == "auto" else name
