@@ -22,21 +22,15 @@ from opttree.smollm2 import load_smollm2
 DRAFTS = Path(__file__).resolve().parents[1] / "drafts"
 
 
-def head_dtype() -> torch.dtype:
-    """bfloat16 where the CPU has fast bf16 matmuls (AVX512-BF16): the head's tree layers then cost
-    about half as much, with the same agreement. The output is the target's either way."""
-    fast = getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)()
-    return torch.bfloat16 if fast else torch.float32
-
-
 def load_draft(target):
     from opttree.distill import load_draft as load
     from opttree.drafters import MixedDrafter
 
     head = DRAFTS / "smollm2-135m-head"
     if (head / "opttree_draft.json").is_file():
-        dtype = head_dtype()
-        return MixedDrafter(load(head, target, dtype=dtype)), f"shipped feature head ({dtype}) + prompt lookup"
+        # "auto": float32 or bfloat16, whichever a short probe runs faster here (the output is the target's either way)
+        model = load(head, target, dtype="auto")
+        return MixedDrafter(model), f"shipped feature head ({model.fc.weight.dtype}, auto) + prompt lookup"
     if (DRAFTS / "smollm2-135m-draft" / "opttree_draft.json").is_file():
         return MixedDrafter(load(DRAFTS / "smollm2-135m-draft", target)), "shipped smollm2-135m-draft + prompt lookup"
     from opttree.drafters.truncated import truncated_draft
