@@ -6,6 +6,7 @@ and inside it the head's forward, its probabilities, the tree layer's top-k and 
 batch 1, a few Spec-Bench prompts, the head alone (no prompt lookup).
 
     .venv/bin/python benchmarks/step_profile.py --dtype bfloat16 --nodes 60 --threads 1
+    PYTHONPATH=<another checkout>/src .venv/bin/python benchmarks/step_profile.py ...   # that code, timed alike
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ def main(argv=None) -> None:
     parser.add_argument("--nodes", type=int, default=60)
     parser.add_argument("--threshold", type=float, default=0.5)
     parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--stride", type=int, default=40, help="every stride-th Spec-Bench question")
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--questions", type=Path, default=ROOT.parent / "shared" / "data" / "spec_bench_questions.jsonl")
@@ -78,7 +80,7 @@ def main(argv=None) -> None:
     target = target.to(dtype)
     head = load_draft(args.draft, target, dtype=getattr(torch, args.draft_dtype or args.dtype))
     questions = [json.loads(line) for line in args.questions.read_text().splitlines() if line.strip()]
-    chosen = questions[::max(1, len(questions) // args.prompts)][:args.prompts]
+    chosen = questions[::args.stride][:args.prompts]
     prompts = [tok.apply_chat_template([{"role": "user", "content": q["turns"][0]}], add_generation_prompt=True,
                                        return_tensors="pt", return_dict=True)["input_ids"] for q in chosen]
     gen = SpeculativeGenerator(target, head, nodes=args.nodes, threshold=args.threshold)
