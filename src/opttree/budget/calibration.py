@@ -36,7 +36,7 @@ from ..tree.config import TreeConfig
 from ..tree.draft_tree import DraftTree
 from ..tree.masks import verification_inputs
 from ..tree.plan import BudgetPolicy, FixedPolicy
-from .calibration_file import parse_document, parse_latency
+from .calibration_file import parse_document, parse_latency, read_keyed_file
 from .latency import AutoPolicy, LatencyModel, LatencyTable
 
 logger = logging.getLogger(__name__)
@@ -150,22 +150,9 @@ def from_json(data: dict) -> LatencyModel:
 
 
 def read_cached(key: dict, folder: Path) -> LatencyModel | None:
-    """The cached LatencyModel of ``key`` in ``folder``; None when there is none. A file that
-    cannot be read or used (not JSON, another key, unusable tables) is named in a warning and
-    gives None too: the caller measures again and rewrites it."""
-    path = folder / f"{_digest(key)}.json"
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return None
-    except (OSError, UnicodeDecodeError) as error:
-        logger.warning("could not read the calibration cache %s (%s); measuring again", path, error)
-        return None
-    try:
-        return parse_document(text, json.loads(json.dumps(key)))  # the key as the file would hold it
-    except ValueError as error:
-        logger.warning("ignoring the calibration cache %s: %s; measuring again and rewriting it", path, error)
-        return None
+    """The cached LatencyModel of ``key`` in ``folder``; None when there is none or it cannot be
+    used (named in a warning: the caller measures again and rewrites it)."""
+    return read_keyed_file(folder / f"{_digest(key)}.json", key, parse_document, "calibration cache", logger)
 
 
 def write_cached(key: dict, latency: LatencyModel, folder: Path) -> Path | None:

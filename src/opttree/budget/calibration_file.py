@@ -14,13 +14,37 @@ the largest trees, or fail in the middle of a decode.
 from __future__ import annotations
 
 import json
+import logging
 import math
+from pathlib import Path
+from typing import Callable, TypeVar
 
 from ..tree.config import MAX_NODES
 from .latency import LatencyModel, LatencyTable
 
+T = TypeVar("T")
+
 MIN_SECONDS = 1e-9  # no measured forward is faster than a nanosecond (smaller times underflow the fit)
 MAX_SECONDS = 3600.0  # nor slower than an hour (larger ones overflow the fit's squares)
+
+
+def read_keyed_file(path: Path, key: dict, parse: Callable[[str, dict], T], what: str,
+                    logger: logging.Logger) -> T | None:
+    """``parse(text, key)`` of the cache file ``path``; None when there is none. A file that cannot
+    be read or used (``parse`` raises ValueError: not JSON, another key, bad values) is named in a
+    warning and gives None too: the caller measures again and rewrites it."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as error:
+        logger.warning("could not read the %s %s (%s); measuring again", what, path, error)
+        return None
+    try:
+        return parse(text, json.loads(json.dumps(key)))  # the key as the file would hold it
+    except ValueError as error:
+        logger.warning("ignoring the %s %s: %s; measuring again and rewriting it", what, path, error)
+        return None
 
 
 def parse_document(text: str, key: dict) -> LatencyModel:

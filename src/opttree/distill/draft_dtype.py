@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 
 from ..budget.calibration import cache_dir, cache_mode
-from ..budget.calibration_file import parse_seconds
+from ..budget.calibration_file import parse_seconds, read_keyed_file
 from ..hf import fast_linear
 from . import dtype_probe
 from .dtype_probe import cast_copy, model_dtype
@@ -173,19 +173,7 @@ def parse_choice(text: str, key: dict) -> DtypeProbe:
 def read_choice(key: dict, folder: Path) -> DtypeProbe | None:
     """The cached choice of ``key`` in ``folder``; None when there is none or it cannot be used
     (then named in a warning: the caller measures again and rewrites it)."""
-    path = choice_file(key, folder)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return None
-    except (OSError, UnicodeDecodeError) as error:
-        logger.warning("could not read the draft dtype cache %s (%s); measuring again", path, error)
-        return None
-    try:
-        return parse_choice(text, json.loads(json.dumps(key)))
-    except ValueError as error:
-        logger.warning("ignoring the draft dtype cache %s: %s; measuring again and rewriting it", path, error)
-        return None
+    return read_keyed_file(choice_file(key, folder), key, parse_choice, "draft dtype cache", logger)
 
 
 def write_choice(key: dict, probe: DtypeProbe, folder: Path, source: Path | None = None) -> Path | None:
