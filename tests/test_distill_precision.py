@@ -102,3 +102,73 @@ def test_alternating_probes_see_the_same_load():
     (n32, t32), (n16, t16) = timed["fp32"], timed["bf16"]
     assert n32 == n16 and t16 >= 1.0
     assert (n16 / t16) / (n32 / t32) == pytest.approx(2.0)  # the true ratio, despite the load
+
+
+class FakeStages:
+    """Probe callables that cost ``per_token[precision][stage] * positions`` seconds of a fake clock."""
+
+    def __init__(self, monkeypatch, per_token: dict):
+        self.now, self.calls = 0.0, []
+        self.per_token = per_token
+
+        def make(stage):
+            def probe(*args, bf16):
+                positions = args[2] if stage == "train" else args[1]  # (target, cfg, n) / (target, n, ...)
+                precision = "bf16" if bf16 else "fp32"
+
+                def fn():
+                    self.calls.append((stage, precision, positions))
+                    self.now += self.per_token[precision][stage] * positions
+                return fn
+            return probe
+
+        monkeypatch.setattr(P, "feature_probe", make("features"))
+        monkeypatch.setattr(P, "train_probe", make("train"))
+
+    def clock(self) -> float:
+        return self.now
+
+
+def scouted(monkeypatch, per_token):
+    from opttree.distill.head_train import HeadTrainConfig
+
+    fake = FakeStages(monkeypatch, per_token)
+    probes = P.probe_round(None, HeadTrainConfig(max_len=512), seconds=1.0, feature_tokens=256,
+                           train_tokens=512, clock=fake.clock)
+    return fake, probes
+
+
+def test_a_precision_far_slower_at_the_scouting_shape_is_never_timed_at_the_full_shape(monkeypatch):
+    # AVX2-only EPYC: bf16 4-5x slower; before the scout, its full-shape training step ran 3 times
+    fake, probes = scouted(monkeypatch, {"fp32": {"features": 3e-3, "train": 3e-3},
+                                         "bf16": {"features": 15e-3, "train": 12e-3}})
+    assert {(s, p, n) for s, p, n in fake.calls if p == "bf16"} == {("features", "bf16", 64), ("train", "bf16", 64)}
+    assert sum(1 for s, p, n in fake.calls if p == "bf16") == 4  # warm-up + one timed call per stage
+    assert ("features", "fp32", 256) in fake.calls and ("train", "fp32", 512) in fake.calls
+    scouts = [p for p in probes if p.scout]
+    assert {(p.stage, p.precision, p.tokens) for p in scouts} == {("features", "bf16", 64), ("train", "bf16", 64)}
+    choice = choose(probes, "an AVX2 CPU")
+    assert (choice.features, choice.train) == ("fp32", "fp32")
+    assert "bf16 67 tok/s at 64 positions" in choice.report()
+
+
+def test_a_close_scouting_times_both_at_the_full_shape_and_the_full_shape_decides(monkeypatch):
+    # negative control: 1.5x apart at the scout is no verdict; the full shape decides each stage
+    fake, probes = scouted(monkeypatch, {"fp32": {"features": 3e-3, "train": 3e-3},
+                                         "bf16": {"features": 4.5e-3, "train": 2e-3}})
+    assert ("features", "bf16", 256) in fake.calls and ("train", "bf16", 512) in fake.calls
+    assert not any(p.scout for p in probes)
+    assert (choose(probes).features, choose(probes).train) == ("fp32", "bf16")
+    # AMX-like: fp32 is the one that loses the scouting, by 4x
+    fake, probes = scouted(monkeypatch, {"fp32": {"features": 4e-3, "train": 4e-3},
+                                         "bf16": {"features": 1e-3, "train": 1e-3}})
+    assert not any(p == "fp32" and n > 64 for s, p, n in fake.calls)
+    assert (choose(probes).features, choose(probes).train) == ("bf16", "bf16")
+
+
+def test_a_kept_choice_remembers_which_probes_only_scouted(tmp_path):
+    measured = [Probe("features", "fp32", 256, 4, 1.0), Probe("features", "bf16", 64, 1, 2.0, scout=True),
+                Probe("train", "fp32", 512, 2, 1.0), Probe("train", "bf16", 64, 1, 1.0, scout=True)]
+    first = resolve("auto", "cpu", tmp_path, lambda: measured)
+    again = resolve("auto", "cpu", tmp_path, lambda: [])
+    assert again.how == "kept" and again.probes == first.probes == tuple(measured)

@@ -204,7 +204,8 @@ def _probe(recipe, device: str, seconds: float) -> int:
     print(choose(probes, machine_name(device)).report())
     print(f"  CPU flags (not used to decide): {' '.join(bf16_flags()) or 'none read'}")
     for p in probes:
-        print(f"  {p.stage:8s} {p.precision}: {p.calls} call(s) of {p.tokens} positions in {p.seconds:.2f} s")
+        print(f"  {p.stage:8s} {p.precision}: {p.calls} call(s) of {p.tokens} positions in {p.seconds:.2f} s"
+              + (" (lost the scouting: not timed at the full shape)" if p.scout else ""))
     return 0
 
 

@@ -11,6 +11,11 @@ shapes the round will use and picks the faster one per stage:
 - ``train``: one optimizer step of the head on a batch of ``train_tokens`` positions
   (:func:`opttree.distill.head_train.train_step`).
 
+Each stage is scouted first at ``SCOUT_TOKENS`` positions (one warm-up and one timed call per
+precision): a precision ``SCOUT_MARGIN`` times slower there than another is not timed at the full
+shape. Without the scout, the full probe's three calls of a bf16 training step on an AVX2-only CPU
+(bf16 linears 4-100x slower than float32) took many minutes, where the decision needs seconds.
+
 The choice is kept in ``<cache>/precision.json`` with the machine it was measured on, so a round
 that resumes on the same machine keeps its precision (a flip caused by timing noise would start
 a different features folder); on another machine it is measured again.
@@ -34,6 +39,8 @@ logger = logging.getLogger("opttree.distill")
 PRECISIONS = ("fp32", "bf16")
 STAGES = ("features", "train")
 CHOICE_FILE = "precision.json"
+SCOUT_TOKENS = 64  # positions per scouting call: where the AVX2 bf16 trap already shows (4x at 64 rows)
+SCOUT_MARGIN = 2.5  # this many times slower at the scout's shape: not timed at the full shape
 
 
 @dataclass(frozen=True)
@@ -45,6 +52,7 @@ class Probe:
     tokens: int
     calls: int
     seconds: float
+    scout: bool = False  # timed at the small scouting shape only (it lost there by SCOUT_MARGIN)
 
     @property
     def tokens_per_second(self) -> float:
@@ -65,8 +73,9 @@ class PrecisionChoice:
         """What was measured and what was picked, one line per stage."""
         lines = [f"precision ({self.how}) on {self.machine or 'this machine'}:"]
         for stage in STAGES:
-            rates = {p.precision: p.tokens_per_second for p in self.probes if p.stage == stage}
-            measured = ", ".join(f"{k} {v:,.0f} tok/s" for k, v in sorted(rates.items()))
+            rates = {p.precision: (p.tokens_per_second, p) for p in self.probes if p.stage == stage}
+            measured = ", ".join(f"{k} {v:,.0f} tok/s" + (f" at {p.tokens} positions" if p.scout else "")
+                                 for k, (v, p) in sorted(rates.items()))
             lines.append(f"  {stage}: {getattr(self, stage)}" + (f" ({measured})" if measured else ""))
         return "\n".join(lines)
 
@@ -76,11 +85,13 @@ class PrecisionChoice:
 
 
 def choose(probes: list[Probe] | tuple[Probe, ...], machine: str = "") -> PrecisionChoice:
-    """Per stage, the precision whose probe ran the most tokens per second; fp32 for a stage
-    without any probe (a precision whose probe failed has none)."""
+    """Per stage, the precision whose probe ran the most tokens per second at the full shape
+    (a precision that lost the scouting has no full-shape probe); fp32 for a stage without any
+    probe (a precision whose probe failed has none)."""
     picked = {}
     for stage in STAGES:
-        rates = {p.precision: p.tokens_per_second for p in probes if p.stage == stage}
+        full = [p for p in probes if p.stage == stage and not p.scout]
+        rates = {p.precision: p.tokens_per_second for p in (full or [p for p in probes if p.stage == stage])}
         picked[stage] = max(rates, key=lambda k: (rates[k], k == "fp32")) if rates else "fp32"
     return PrecisionChoice(picked["features"], picked["train"], tuple(probes), machine, "measured")
 
@@ -128,11 +139,13 @@ def train_probe(target, cfg, tokens: int, bf16: bool) -> Callable[[], object]:
 
 
 def time_alternating(fns: dict[str, Callable[[], object]], seconds: float,
-                     clock: Callable[[], float] = time.perf_counter, max_rounds: int = 1000) -> dict[str, tuple[int, float]]:
-    """``{name: (calls, seconds)}``: one warm-up call of each (not counted), then rounds of one call
-    of each in turn until each has run ``seconds`` (at least one round). Taking turns makes a load
-    that comes and goes on a shared machine slow every candidate alike."""
-    for fn in fns.values():
+                     clock: Callable[[], float] = time.perf_counter, max_rounds: int = 1000,
+                     warm_up: bool = True) -> dict[str, tuple[int, float]]:
+    """``{name: (calls, seconds)}``: one warm-up call of each (not counted; ``warm_up=False``: the
+    caller has made it), then rounds of one call of each in turn until each has run ``seconds``
+    (at least one round). Taking turns makes a load that comes and goes on a shared machine slow
+    every candidate alike."""
+    for fn in fns.values() if warm_up else ():
         fn()
     spent = {name: [0, 0.0] for name in fns}
     for _ in range(max_rounds):
@@ -146,26 +159,56 @@ def time_alternating(fns: dict[str, Callable[[], object]], seconds: float,
     return {name: (calls, took) for name, (calls, took) in spent.items()}
 
 
+def scout_losers(rates: dict[str, float], margin: float = SCOUT_MARGIN) -> set[str]:
+    """The precisions whose scouting rate (tokens/s) is ``margin`` times below the best one's."""
+    best = max(rates.values(), default=0.0)
+    return {name for name, rate in rates.items() if rate * margin < best}
+
+
+def runnable(makers: dict[str, Callable[[], Callable[[], object]]], stage: str) -> dict[str, Callable[[], object]]:
+    """Each precision's probe, made and called once (its warm-up); a precision without kernels
+    here fails at once and is left out."""
+    fns = {}
+    for precision, make in makers.items():
+        try:
+            fn = make()
+            fn()
+        except (RuntimeError, NotImplementedError) as error:
+            logger.warning("%s in %s does not run here (%s): not a candidate", stage, precision, error)
+            continue
+        fns[precision] = fn
+    return fns
+
+
 def probe_round(target, train_cfg, layers: tuple[int, ...] = (-1,), seconds: float = 1.0,
-                feature_tokens: int = 512, train_tokens: int = 2048, topk: int = 16) -> list[Probe]:
+                feature_tokens: int = 512, train_tokens: int = 2048, topk: int = 16,
+                scout_tokens: int = SCOUT_TOKENS, clock: Callable[[], float] = time.perf_counter) -> list[Probe]:
     """Time both precisions on both stages, taking turns (about ``seconds`` each, plus a warm-up
-    call). A precision that fails on this machine (no bf16 kernels) gets no probe."""
-    rows = max(1, train_tokens // train_cfg.max_len)
-    makers = {"features": (lambda bf16: feature_probe(target, feature_tokens, layers, topk, bf16), feature_tokens),
-              "train": (lambda bf16: train_probe(target, train_cfg, train_tokens, bf16),
-                        rows * min(train_tokens, train_cfg.max_len))}
+    call), after a scouting call at ``scout_tokens`` positions that drops a precision
+    ``SCOUT_MARGIN`` times slower (its scouting probe is kept, marked ``scout``). A precision that
+    fails on this machine (no bf16 kernels) gets no probe."""
+    def train_positions(tokens: int) -> int:
+        return max(1, tokens // train_cfg.max_len) * min(tokens, train_cfg.max_len)
+
+    makers = {"features": lambda bf16, n: feature_probe(target, n, layers, topk, bf16=bf16),
+              "train": lambda bf16, n: train_probe(target, train_cfg, n, bf16=bf16)}
+    full_tokens = {"features": feature_tokens, "train": train_tokens}
     out = []
-    for stage, (make, tokens) in makers.items():
-        fns = {}
-        for precision in PRECISIONS:
-            try:
-                fn = make(precision == "bf16")
-                fn()  # a precision without kernels here fails at once
-            except (RuntimeError, NotImplementedError) as error:
-                logger.warning("%s in %s does not run here (%s): not a candidate", stage, precision, error)
-                continue
-            fns[precision] = fn
-        for precision, (calls, took) in time_alternating(fns, seconds).items():
+    for stage, make in makers.items():
+        small = min(scout_tokens, full_tokens[stage])
+        fns = runnable({p: (lambda p=p: make(p == "bf16", small)) for p in PRECISIONS}, stage)
+        timed = time_alternating(fns, 0.0, clock, warm_up=False)  # one call each
+        size = small if stage == "features" else train_positions(small)
+        losers = scout_losers({p: size * calls / max(took, 1e-12) for p, (calls, took) in timed.items()})
+        for precision in sorted(losers):
+            calls, took = timed[precision]
+            logger.info("%s in %s: %.1fx slower at %d positions, not timed at %d", stage, precision,
+                        max(size * c / t for c, t in timed.values()) / (size * calls / took), size,
+                        full_tokens[stage])
+            out.append(Probe(stage, precision, size, calls, took, scout=True))
+        tokens = full_tokens[stage] if stage == "features" else train_positions(full_tokens[stage])
+        fns = runnable({p: (lambda p=p: make(p == "bf16", full_tokens[stage])) for p in fns if p not in losers}, stage)
+        for precision, (calls, took) in time_alternating(fns, seconds, clock, warm_up=False).items():
             out.append(Probe(stage, precision, tokens, calls, took))
     return out
 
@@ -181,7 +224,8 @@ def resolve(requested: str, device, cache: Path | None, measure: Callable[[], li
         kept = json.loads(path.read_text())
         if kept.get("machine") == machine:
             return PrecisionChoice(kept["features"], kept["train"], tuple(
-                Probe(**{k: p[k] for k in ("stage", "precision", "tokens", "calls", "seconds")})
+                Probe(**{k: p[k] for k in ("stage", "precision", "tokens", "calls", "seconds")},
+                      scout=bool(p.get("scout", False)))
                 for p in kept.get("probes", [])), machine, "kept")
     choice = choose(measure(), machine)
     if path is not None:

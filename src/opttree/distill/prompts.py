@@ -118,6 +118,14 @@ class Prompt:
     kind: str
 
 
+def passage(text: str, rng: random.Random, low: int = 800, high: int = 2000) -> str:
+    """A random piece of ``text``, ``low``-``high`` characters, starting at a paragraph if one is near."""
+    start = rng.randrange(max(1, len(text) - high))
+    para = text.find("\n\n", start, start + 400)
+    start = para + 2 if para >= 0 else start
+    return text[start:start + rng.randint(low, high)].strip()
+
+
 def seed_prompts(n: int, seed: int) -> list[Prompt]:
     """``n`` round-1 prompts from templates × topics, deterministic in ``seed``."""
     rng = random.Random(seed)

@@ -9,7 +9,7 @@ A TOML file (example: ``drafts/smollm2-135m-head/recipe.toml``)::
     [[source]]                    # repeatable; each is cached in <cache>/sources/<name>
     name = "docs"
     kind = "answers"              # the target's greedy answers to prompts ...
-    prompts = "documents"         # ... "selfmade" | "documents" | a JSONL file (relative to the recipe)
+    prompts = "documents"         # ... "selfmade" | "documents" | "chat" | a JSONL file (relative to the recipe)
     count = 512
     max_new_tokens = 96
     batch_size = 32
@@ -55,7 +55,7 @@ class Source:
     name: str
     kind: str  # "answers" (generation) or "teacher" (teacher-forced texts)
     count: int
-    prompts: str = "selfmade"  # answers: "selfmade" | "documents" | JSONL path
+    prompts: str = "selfmade"  # answers: "selfmade" | "documents" | "chat" | JSONL path
     max_new_tokens: int = 128
     batch_size: int = 32
     max_prompt_tokens: int = 768

@@ -24,7 +24,8 @@ import sys
 from functools import lru_cache
 from pathlib import Path
 
-from .prompts import CONTEXT_TEMPLATES, Prompt, read_jsonl_prompts, seed_prompts
+from .chat_prompts import chat_prompts
+from .prompts import CONTEXT_TEMPLATES, Prompt, passage, read_jsonl_prompts, seed_prompts
 
 DOC_TASKS = CONTEXT_TEMPLATES + [
     "Extract the key terms from this text and return them as a JSON list:\n{text}",
@@ -108,14 +109,6 @@ def stdlib_functions(max_functions: int = 1000, max_bytes: int = 40_000) -> tupl
     return tuple(funcs[:max_functions])
 
 
-def passage(text: str, rng: random.Random, low: int = 800, high: int = 2000) -> str:
-    """A random piece of ``text``, ``low``-``high`` characters, starting at a paragraph if one is near."""
-    start = rng.randrange(max(1, len(text) - high))
-    para = text.find("\n\n", start, start + 400)
-    start = para + 2 if para >= 0 else start
-    return text[start:start + rng.randint(low, high)].strip()
-
-
 def document_prompts(n: int, seed: int) -> list[Prompt]:
     """``n`` long-document tasks: 70 % tasks over passages of local documents, 15 % German →
     English over gettext strings, 15 % code tasks over standard-library functions."""
@@ -156,13 +149,16 @@ def teacher_pairs(n: int, seed: int) -> list[tuple[str, str]]:
 
 
 def prompts_of(kind: str, n: int, seed: int, base: Path | None = None) -> list[Prompt]:
-    """Prompts of a recipe source: ``selfmade``, ``documents`` or a JSONL file (first ``n``)."""
+    """Prompts of a recipe source: ``selfmade``, ``documents``, ``chat`` (the 13 Spec-Bench kinds of
+    task, :mod:`opttree.distill.chat_prompts`) or a JSONL file (first ``n``)."""
+    if kind == "chat":
+        return chat_prompts(n, seed, local_documents(), german_strings())
     if kind == "selfmade":
         return selfmade_prompts(n, seed)
     if kind == "documents":
         return document_prompts(n, seed)
     path = Path(kind) if base is None or Path(kind).is_absolute() else base / kind
     if not path.exists():
-        sys.exit(f"prompts {kind!r}: not 'selfmade', 'documents' nor a file ({path})")
+        sys.exit(f"prompts {kind!r}: not 'selfmade', 'documents', 'chat' nor a file ({path})")
     prompts = read_jsonl_prompts(path)
     return prompts[:n] if n > 0 else prompts
