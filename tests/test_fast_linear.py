@@ -273,9 +273,9 @@ def test_a_gpt2_decode_takes_only_its_lm_head_weight_major(monkeypatch):
     target = tiny_model("gpt2", seed=0)
     prompt = torch.tensor([[1, 5, 9, 2]])
     plain = target.generate(prompt, max_new_tokens=5, do_sample=False)
-    shapes = []
+    taken = set()  # data_ptr of each weight that went weight-major
     real = fast_linear._weight_major_mm
-    monkeypatch.setattr(fast_linear, "_weight_major_mm", lambda flat, w: shapes.append(tuple(w.shape)) or real(flat, w))
+    monkeypatch.setattr(fast_linear, "_weight_major_mm", lambda flat, w: taken.add(w.data_ptr()) or real(flat, w))
     out = target.generate(prompt, custom_generate=speculative_generate, draft_model=target, nodes=4,
                           max_new_tokens=5, do_sample=False)
     assert torch.equal(out, plain)
@@ -412,3 +412,41 @@ def test_the_models_linears_are_swapped_only_during_the_block_and_restored():
             pass
         assert all("forward" in m.__dict__ for m in layers)
     assert all("forward" not in m.__dict__ for m in layers)  # the class's forward again
+
+
+@pytest.mark.parametrize("wrap", ["head", "mixed"])
+def test_a_feature_heads_layers_and_output_product_take_the_kernel_alone_or_mixed(wrap, monkeypatch):
+    """The head's output over its kept tokens is a functional product, no nn.Linear to swap: it goes
+    through fast_linear.linear. Its layers are swapped through Drafter.modules(), also when the head
+    sits inside a MixedDrafter (which is no nn.Module: passing the user's object missed them)."""
+    from models import tiny_model
+    from opttree import speculative_generate
+    from opttree.distill.head import new_head
+    from opttree.drafters import MixedDrafter
+
+    monkeypatch.setenv("OPTTREE_WEIGHT_MAJOR", "on")
+    target = tiny_model("llama", seed=0)
+    head, _ = new_head(target)
+    taken = set()  # data_ptr of each weight that went weight-major
+    real = fast_linear._weight_major_mm
+    monkeypatch.setattr(fast_linear, "_weight_major_mm", lambda flat, w: taken.add(w.data_ptr()) or real(flat, w))
+    prompt = torch.tensor([[1, 5, 9, 2]])
+    plain = target.generate(prompt, max_new_tokens=6, do_sample=False)
+    out = target.generate(prompt, custom_generate=speculative_generate, max_new_tokens=6, do_sample=False, nodes=4,
+                          draft_model=head if wrap == "head" else MixedDrafter(head))
+    assert torch.equal(out, plain)
+    assert head.out_weight.data_ptr() in taken  # the output product
+    assert head.fc.weight.data_ptr() in taken  # a swapped layer of the head
+    assert not fast_linear.active() and all("forward" not in m.__dict__ for m in fast_linear.swappable(head))
+
+
+def test_the_functional_product_outside_a_block_is_the_stock_one(monkeypatch):
+    calls = []
+    monkeypatch.setattr(fast_linear, "_weight_major_mm", lambda flat, w: calls.append(1))
+    x, w, b = torch.randn(3, 16), torch.randn(40, 16), torch.randn(40)
+    assert torch.equal(fast_linear.linear(x, w, b), ORIGINAL(x, w, b)) and not calls
+    monkeypatch.setenv("OPTTREE_WEIGHT_MAJOR", "on")
+    monkeypatch.undo()  # the real kernel again, inside a block
+    monkeypatch.setenv("OPTTREE_WEIGHT_MAJOR", "on")
+    with fast_linear.weight_major(on=True):
+        assert torch.allclose(fast_linear.linear(x, w, b), ORIGINAL(x, w, b), atol=1e-5)

@@ -190,3 +190,17 @@ def test_sampling_warpers_reach_every_model_inside_a_mixed_drafter():
         assert mixed.model_drafter.to_probs is to_probs
     assert make_drafter(MixedDrafter(head), target, None).model_drafter.to_probs is None  # greedy: plain softmax
     assert isinstance(make_drafter(partly_agreeing(target), target, to_probs), ModelDrafter)
+
+
+def test_each_drafter_declares_the_modules_it_runs():
+    from models import tiny_model
+    from opttree.distill.head import new_head
+    from opttree.drafters import MixedDrafter
+    from opttree.drafters.make import make_drafter
+
+    target, draft = tiny_model("llama", seed=0), tiny_model("llama", seed=1)
+    head, _ = new_head(target)
+    assert make_drafter(draft, target, None).modules() == [draft]
+    assert make_drafter(head, target, None).modules() == [head]
+    assert make_drafter("prompt_lookup", target, None).modules() == []
+    assert make_drafter(MixedDrafter(head), target, None).modules() == [head]

@@ -321,7 +321,7 @@ def calibrate(target, drafter=None, new_drafter: Callable[[], object] | None = N
             return known
         latency = read_cached(key, folder) if mode == "on" else None
         if latency is None:
-            with fast_linear.weight_major(target, drafter):  # as the decoding loops run (integration/entry.py)
+            with fast_linear.weight_major(target, *drafter.modules()):  # as the decoding loops run (integration/entry.py)
                 latency = measure(target, new_drafter, prefix)
             if mode != "off":
                 write_cached(key, latency, folder)

@@ -95,6 +95,11 @@ class Drafter(ABC):
         run (kv_cache.check_cache). Default: none."""
         return []
 
+    def modules(self) -> list[torch.nn.Module]:
+        """The torch modules whose forwards this drafter runs: decoding and calibration give their
+        few-row float32 CPU linears the kernel the target's get (``hf.fast_linear``). Default: none."""
+        return []
+
     def fresh(self) -> "Drafter":
         """A drafter like this one with none of its per-call state, for another batch row.
         Default: a deep copy (taken before the first step, when there is no state yet); a drafter

@@ -29,6 +29,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from ..hf import fast_linear
 from ..tree.draft_tree import DraftTree
 from ..tree.masks import additive_mask
 from .base import Drafter, ToProbs
@@ -249,7 +250,8 @@ class FeatureHead(nn.Module):
 
     def reduced_logits(self, predicted: torch.Tensor) -> torch.Tensor:
         """predicted features [..., H] -> logits over the K kept tokens [..., K]."""
-        return nn.functional.linear(predicted, self.out_weight.to(predicted.dtype), self.out_bias)
+        # not an nn.Linear: fast_linear.linear gives it the few-row kernel the head's layers get
+        return fast_linear.linear(predicted, self.out_weight.to(predicted.dtype), self.out_bias)
 
     def full_logits(self, predicted: torch.Tensor) -> torch.Tensor:
         """[..., H] -> [..., V] float32; tokens outside the kept set get finfo.min."""
@@ -309,6 +311,9 @@ class FeatureHeadDrafter(Drafter):
 
     def fresh(self) -> "FeatureHeadDrafter":
         return FeatureHeadDrafter(self.head, self.to_probs)
+
+    def modules(self) -> list[torch.nn.Module]:
+        return [self.head]
 
     @property
     def cached(self) -> int:

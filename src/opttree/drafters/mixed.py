@@ -54,6 +54,9 @@ class MixedDrafter(Drafter):
     def caches(self) -> list:
         return self.model_drafter.caches() + self.ngram_drafter.caches()
 
+    def modules(self) -> list[torch.nn.Module]:
+        return self.model_drafter.modules() + self.ngram_drafter.modules()
+
     def features_from(self, hidden_states: Sequence[torch.Tensor]) -> torch.Tensor:
         return self.model_drafter.features_from(hidden_states)
 

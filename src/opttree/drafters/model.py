@@ -54,6 +54,9 @@ class ModelDrafter(Drafter):
     def caches(self) -> list:
         return [self.cache]
 
+    def modules(self) -> list[torch.nn.Module]:
+        return [self.model]
+
     def rows(self, count: int) -> DrafterRows:
         """One row: this drafter. Several: one draft forward per layer shared by every row."""
         if count == 1:

@@ -170,6 +170,18 @@ def weight_major_linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.T
     return out.contiguous().reshape(*x.shape[:-1], weight.shape[0])
 
 
+def linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear`` for opttree's own functional products, which no block can swap because they are
+    no ``nn.Linear`` (a feature head's output over its kept tokens, [k, H] x [K, H]^T): in a thread
+    with a block open, :func:`weight_major_linear` as a swapped layer would take it; elsewhere the
+    stock path. A [16,384, 576] head output in float32 (38 MB, read whole by every call) took
+    10.6 / 13.9 / 13.6 ms by ``F.linear`` and 5.3 / 6.4 / 7.0 ms weight-major for 2 / 4 / 8 rows
+    (AMD EPYC AVX2, 1 thread; benchmarks/RESULTS.md)."""
+    if _this_thread.open:
+        return weight_major_linear(input, weight, bias, auto=_this_thread.auto)
+    return _linear(input, weight, bias)
+
+
 class WeightMajorMode(TorchFunctionMode):
     """This thread's ``F.linear`` calls on plain tensors through :func:`weight_major_linear`; every
     other torch call, and a linear involving a tensor subclass with its own ``__torch_function__``

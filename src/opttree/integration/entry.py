@@ -78,7 +78,7 @@ def _decode(model, draft_model, given: dict, input_ids, logits_processor, stoppi
         output_logits=bool(generation_config.output_logits),
         new_policy=policy,
     )
-    with torch.inference_mode(), weight_major(model, draft_model):  # few-row fp32 CPU linears (fast_linear)
+    with torch.inference_mode(), weight_major(model, *drafter.modules()):  # few-row fp32 CPU linears (fast_linear)
         result = speculative_decode(model, drafters, input_ids, cache, settings, attention_mask=attention_mask)
     if generation_config.return_dict_in_generate:  # a batch's cache has lost its finished rows: not returned
         return SpeculativeDecoderOnlyOutput(
