@@ -22,11 +22,14 @@ trains on what is cached (for a head, it first caches the target's features of t
 command again after an interruption. Load the result with
 ``opttree.distill.load_draft(out_dir, target)`` (or pass the folder: ``draft_model=out_dir``).
 
-How long (measured with `--stage probe`, SmolLM2-135M, one thread, a shared 2-core AMD EPYC with
-AVX512-BF16): target features 430-470 tokens/s in bf16 and about 290 in fp32; the head's training
-step about 410 tokens/s in bf16 and 290 in fp32. So 1 M tokens of features take about 40 minutes
-and each epoch of training over them another 40. On a shared machine use --threads 1: with two
-threads while another job held a core, both stages ran about 10x slower (20-75 tokens/s).
+How long (measured with `--stage probe`, SmolLM2-135M, one thread, another job on the second core):
+on an AMD EPYC with AVX512-BF16, target features 430-470 tokens/s in bf16 and about 290 in fp32,
+the head's training step about 410 tokens/s in bf16 and 290 in fp32; on an AVX2-only AMD EPYC,
+features about 150 tokens/s and training about 175 in fp32, bf16 5-8x slower (so fp32 is picked).
+So 1 M tokens of features take 40 minutes to 2 hours, and each epoch of training over them about
+as long again. On a shared machine use --threads 1: with two threads while another job held a
+core, both stages ran about 10x slower (20-75 tokens/s). The target's answers to prompts, in
+batches of 32 on one thread, ran at 50-130 answer tokens/s (plus their prompt tokens' features).
 Generating answers costs far more per token than teacher-forced text. One GPU does a round in
 10-15 minutes (--device cuda). --precision auto (the default with --recipe) measures which
 precision is faster on the machine; --max-minutes caps the training; --num-seed-prompts /
