@@ -14,7 +14,8 @@ shapes the round will use and picks the faster one per stage:
 Each stage is scouted first at ``SCOUT_TOKENS`` positions (one warm-up and one timed call per
 precision): a precision ``SCOUT_MARGIN`` times slower there than another is not timed at the full
 shape. Without the scout, the full probe's three calls of a bf16 training step on an AVX2-only CPU
-(bf16 linears 4-100x slower than float32) took many minutes, where the decision needs seconds.
+(54.7 s each; bf16 linears 4-100x slower than float32) made the probe take 3.4 minutes, where
+the decision needs seconds (about 40 s with the scout).
 
 The choice is kept in ``<cache>/precision.json`` with the machine it was measured on, so a round
 that resumes on the same machine keeps its precision (a flip caused by timing noise would start
@@ -199,13 +200,13 @@ def probe_round(target, train_cfg, layers: tuple[int, ...] = (-1,), seconds: flo
         fns = runnable({p: (lambda p=p: make(p == "bf16", small)) for p in PRECISIONS}, stage)
         timed = time_alternating(fns, 0.0, clock, warm_up=False)  # one call each
         size = small if stage == "features" else train_positions(small)
-        losers = scout_losers({p: size * calls / max(took, 1e-12) for p, (calls, took) in timed.items()})
+        scouts = {p: Probe(stage, p, size, calls, took, scout=True) for p, (calls, took) in timed.items()}
+        rates = {p: probe.tokens_per_second for p, probe in scouts.items()}
+        losers = scout_losers(rates)
         for precision in sorted(losers):
-            calls, took = timed[precision]
             logger.info("%s in %s: %.1fx slower at %d positions, not timed at %d", stage, precision,
-                        max(size * c / t for c, t in timed.values()) / (size * calls / took), size,
-                        full_tokens[stage])
-            out.append(Probe(stage, precision, size, calls, took, scout=True))
+                        max(rates.values()) / rates[precision], size, full_tokens[stage])
+            out.append(scouts[precision])
         tokens = full_tokens[stage] if stage == "features" else train_positions(full_tokens[stage])
         fns = runnable({p: (lambda p=p: make(p == "bf16", full_tokens[stage])) for p in fns if p not in losers}, stage)
         for precision, (calls, took) in time_alternating(fns, seconds, clock, warm_up=False).items():
