@@ -1,0 +1,252 @@
+"""scripts/device_kit.py: the split plan fits every call and uses the fewest; pack -> receive -> assemble
+gives back the same bytes, checked by md5; a missing or corrupted piece or another pack's manifest
+is refused with exit code 2; calls may be repeated; the printed commands fit the tool. No network:
+the wheel downloader and installer are stand-ins, the "GGUF" is a megabyte of random bytes."""
+
+import hashlib
+import importlib.util
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "device_kit.py"
+
+
+def load(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+kit = load("device_kit", SCRIPT)
+KiB = 1024
+LIMIT, MARGIN, OVERHEAD = 400 * KiB, 20 * KiB, 8 * KiB
+WHEEL_BYTES = 50_000
+
+
+def fake_download(calls: list):
+    def download(spec: str, folder: Path) -> None:
+        name, version = spec.split("==")
+        calls.append(spec)
+        (folder / f"{name}-{version}-py3-none-any.whl").write_bytes(name.encode() * (WHEEL_BYTES // len(name)))
+    return download
+
+
+@pytest.fixture
+def repo(tmp_path):
+    """A git repository standing in for the project: 40 KB of untracked files (they travel too)."""
+    root = tmp_path / "repo"
+    root.mkdir()
+    subprocess.run(["git", "init", "-q", str(root)], check=True)
+    (root / ".gitignore").write_text(".device-kit/\n")
+    (root / "filler.bin").write_bytes(b"x" * 40_000)
+    return root
+
+
+def make_file(path: Path, size: int, seed: int = 0) -> Path:
+    path.write_bytes(random.Random(seed).randbytes(size))
+    return path
+
+
+def pack_in(repo: Path, gguf: Path, out: str = ".device-kit", downloads: list | None = None):
+    questions = repo.parent / "questions.jsonl"
+    questions.write_text('{"question_id": 1, "category": "writing", "turns": ["Hi"]}\n' * 50)
+    opts = kit.PackOptions(root=repo, out=repo / out, gguf=gguf, questions=questions, limit=LIMIT, margin=MARGIN,
+                           overhead=OVERHEAD)
+    return kit.pack(opts, download=fake_download(downloads if downloads is not None else []))
+
+
+@pytest.fixture
+def packed(repo):
+    gguf = make_file(repo.parent / "model.gguf", 1_000_003)
+    manifest, calls, tree = pack_in(repo, gguf)
+    return repo, gguf, manifest, calls, tree
+
+
+def run_main(args: list[str], capsys) -> tuple[int, str]:
+    code = kit.main(args)
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
+
+
+# -- the plan ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("whole,room,last_room", [
+    (98_362_432, 39_624_000, 25_000_000), (1_000_003, 340_000, 200_000), (100, 1000, 50), (100, 1000, 100),
+    (10 ** 6, 999, 1), (3000, 1000, 1000), (0, 10, 10),
+])
+def test_the_split_fits_every_call_and_uses_the_fewest(whole, room, last_room):
+    sizes = kit.plan_split(whole, room, last_room)
+    assert sum(sizes) == whole
+    assert all(0 <= s <= room for s in sizes[:-1]) and 0 <= sizes[-1] <= last_room
+    fewer = (len(sizes) - 2) * room + last_room if len(sizes) > 1 else 0
+    assert fewer < whole or len(sizes) == 1  # one call less could not hold it
+    if len(sizes) > 1 and last_room < room:
+        assert sizes[-1] < sizes[0]
+
+
+def test_the_real_numbers_need_three_calls():
+    tree, wheels, questions = 24_312_228, 13_549_890 + 118_475, 698_768  # measured when this was written
+    room = 64 * kit.MIB - 3 * kit.MIB - tree - kit.OVERHEAD
+    sizes = kit.plan_split(98_362_432, room, room - wheels - questions)
+    assert len(sizes) == 3 and sizes[-1] < sizes[0]
+    assert tree + sizes[-1] + wheels + questions + kit.OVERHEAD <= 61 * kit.MIB
+
+
+def test_no_room_is_refused_with_the_fix():
+    with pytest.raises(kit.KitError, match="too big"):
+        kit.plan_split(1000, 500, 0)
+
+
+def test_pack_plans_calls_that_fit_with_the_tree_and_the_wheels(packed):
+    repo, gguf, manifest, calls, tree = packed
+    assert tree == kit.tree_bytes(repo) == 40_000 + len(".device-kit/\n")
+    assert manifest.tree_bytes == tree and [c.index for c in calls] == list(range(1, manifest.calls + 1))
+    for call in calls:
+        folder = repo / call.carry
+        on_disk = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+        assert call.carry_bytes == on_disk and tree + on_disk <= LIMIT - MARGIN
+        assert json.loads((folder / "manifest.json").read_text())["file"]["md5"] == manifest.file.md5
+    last = repo / calls[-1].carry
+    assert sorted(p.name for p in (last / "wheels").iterdir()) == ["gguf-0.19.0-py3-none-any.whl",
+                                                                   "transformers-5.24.0-py3-none-any.whl"]
+    assert (last / "questions.jsonl").is_file()
+    assert manifest.pieces[-1].size < manifest.pieces[0].size
+    room = LIMIT - MARGIN - tree - OVERHEAD
+    extras = 2 * WHEEL_BYTES + manifest.questions.size
+    assert (manifest.calls - 2) * room + room - extras < manifest.file.size  # the fewest calls
+    assert sum(p.size for p in manifest.pieces) == gguf.stat().st_size == manifest.file.size
+    assert manifest.file.md5 == hashlib.md5(gguf.read_bytes()).hexdigest()
+
+
+def test_pack_downloads_each_wheel_once(repo):
+    gguf, downloads = make_file(repo.parent / "model.gguf", 300_000), []
+    pack_in(repo, gguf, downloads=downloads)
+    pack_in(repo, gguf, downloads=downloads)
+    assert downloads == list(kit.WHEELS)
+
+
+def test_pack_refuses_a_folder_git_does_not_ignore_and_a_missing_gguf(repo):
+    gguf = make_file(repo.parent / "model.gguf", 1000)
+    with pytest.raises(kit.KitError, match="add 'kit-elsewhere/' to .gitignore"):
+        pack_in(repo, gguf, out="kit-elsewhere")
+    with pytest.raises(kit.KitError, match="fetch_smollm2"):
+        pack_in(repo, repo / "nowhere.gguf")
+
+
+def test_every_printed_command_fits_the_tool(packed):
+    repo, _, manifest, calls, tree = packed
+    text = kit.describe(manifest, calls, tree, "tests")
+    commands = [line.split("command: ", 1)[1] for line in text.splitlines() if "command: " in line]
+    commands += [line.strip().split("    #")[0] for line in text.splitlines() if "device_job.sh" in line
+                 and "command:" not in line]
+    assert len(commands) == manifest.calls + 2
+    for command in commands:
+        assert len(command) <= 2000 and command.startswith("set -euo pipefail;")
+    assert calls[-1].command.endswith("assemble; bash scripts/device_job.sh tests")
+    assert all(json.loads(line.split("carry: ", 1)[1]) == [f".device-kit/call-{k}"]
+               for k, line in enumerate((l for l in text.splitlines() if "carry: " in l), start=1))
+    again = kit.commands(repo, repo / ".device-kit", "tests")
+    assert again == (manifest, calls, tree)
+
+
+def test_commands_refuses_a_tree_that_has_grown(packed):
+    repo = packed[0]
+    (repo / "new.bin").write_bytes(b"y" * 200_000)
+    with pytest.raises(kit.KitError, match="run pack again"):
+        kit.commands(repo, repo / ".device-kit", "tests")
+
+
+# -- there: receive and assemble ---------------------------------------------------------------------
+
+def receive_all(repo: Path, manifest, device: Path) -> list[str]:
+    return [kit.receive(k, repo / ".device-kit", device) for k in range(1, manifest.calls + 1)]
+
+
+def test_the_round_trip_gives_back_the_same_bytes_where_opttree_looks(packed, tmp_path, monkeypatch):
+    repo, gguf, manifest, _, _ = packed
+    device, site, installs = tmp_path / "device", tmp_path / "site", []
+    receive_all(repo, manifest, device)
+    message = kit.assemble(repo / ".device-kit", device, site, install=lambda w, s: installs.append((w, s)))
+    joined = kit.gguf_path(device)
+    assert joined.read_bytes() == gguf.read_bytes() and "md5" in message
+    assert [w.name for w in installs[0][0]] == [w.name for w in manifest.wheels] and installs[0][1] == site
+    assert (device / "questions.jsonl").read_bytes() == (repo.parent / "questions.jsonl").read_bytes()
+    assert (device / "assembled.json").is_file()
+    smollm2 = load("smollm2_alone", ROOT / "src" / "opttree" / "smollm2.py")  # stdlib only: no torch needed
+    monkeypatch.setenv("OPTTREE_CACHE", str(device / "opttree-cache"))
+    assert smollm2.GGUF_FILE == kit.GGUF_FILE and smollm2.fetch_smollm2() == joined.parent  # found, not fetched
+
+
+def test_receive_and_assemble_may_run_again(packed, tmp_path):
+    repo, gguf, manifest, _, _ = packed
+    device, installs = tmp_path / "device", []
+    first = receive_all(repo, manifest, device)
+    again = receive_all(repo, manifest, device)
+    assert all("received" in m for m in first) and all("already here" in m for m in again)
+    for _ in range(2):
+        kit.assemble(repo / ".device-kit", device, tmp_path / "site", install=lambda w, s: installs.append(w))
+    assert len(installs) == 1 and kit.gguf_path(device).read_bytes() == gguf.read_bytes()
+
+
+def test_a_missing_piece_is_named_with_exit_code_2(packed, tmp_path, capsys):
+    repo, _, manifest, _, _ = packed
+    n, device, out = manifest.calls, str(tmp_path / "device"), str(repo / ".device-kit")
+    assert run_main(["receive", "1", "--out", out, "--kit", device], capsys)[0] == 0
+    code, text = run_main(["receive", "3", "--out", out, "--kit", device], capsys)
+    assert code == 2 and f"piece 2 of {n} is missing: the machine went cold" in text and "start again from call 1" in text
+    receive_all(repo, manifest, Path(device))
+    (Path(device) / "pieces" / "piece-2").unlink()
+    code, text = run_main(["assemble", "--out", out, "--kit", device, "--site", str(tmp_path / "site")], capsys)
+    assert code == 2 and f"piece 2 of {n} is missing" in text
+
+
+def test_a_cold_machine_is_named_at_assembly(packed, tmp_path, capsys):
+    repo = packed[0]
+    code, text = run_main(["assemble", "--out", str(repo / ".device-kit"), "--kit", str(tmp_path / "cold")], capsys)
+    assert code == 2 and "no piece has been received" in text
+
+
+def test_a_corrupted_piece_is_refused(packed, tmp_path, capsys):
+    repo, _, manifest, _, _ = packed
+    device, out = tmp_path / "device", repo / ".device-kit"
+    receive_all(repo, manifest, device)
+    piece = device / "pieces" / "piece-2"
+    data = bytearray(piece.read_bytes())
+    data[100] ^= 1
+    piece.write_bytes(bytes(data))
+    code, text = run_main(["assemble", "--out", str(out), "--kit", str(device)], capsys)
+    assert code == 2 and f"piece 2 of {manifest.calls} is corrupted" in text
+    assert not kit.gguf_path(device).exists()
+    carried = out / "call-1" / "piece-1"  # damaged on the way: refused at receive
+    carried.write_bytes(b"\0" + carried.read_bytes()[1:])
+    code, text = run_main(["receive", "1", "--out", str(out), "--kit", str(tmp_path / "fresh")], capsys)
+    assert code == 2 and "piece 1 of" in text and "arrived with md5" in text
+
+
+def test_a_manifest_from_another_file_is_refused(packed, tmp_path, capsys):
+    repo, _, manifest, _, _ = packed
+    device, out = tmp_path / "device", repo / ".device-kit"
+    other, _, _ = pack_in(repo, make_file(repo.parent / "other.gguf", 1_000_003, seed=1), out=".device-kit/other")
+    assert other.file.md5 != manifest.file.md5 and other.calls == manifest.calls
+    kit.receive(1, out, device)
+    (out / "call-2" / "manifest.json").write_text((out / "other" / "call-2" / "manifest.json").read_text())
+    code, text = run_main(["receive", "2", "--out", str(out), "--kit", str(device)], capsys)
+    assert code == 2 and "manifest of another pack" in text and other.file.md5 in text
+    assert "received" in kit.receive(1, out / "other", device)  # call 1 of a new pack starts afresh
+    assert sorted(p.name for p in (device / "pieces").iterdir()) == ["piece-1"]
+
+
+def test_the_script_runs_on_its_own(packed, tmp_path):
+    repo = packed[0]
+    result = subprocess.run([sys.executable, "-I", str(SCRIPT), "receive", "2", "--out", str(repo / ".device-kit"),
+                             "--kit", str(tmp_path / "device")], capture_output=True, text=True)
+    assert result.returncode == 2 and "device_kit.py receive: error: piece 1 of" in result.stderr
+
