@@ -208,10 +208,13 @@ def test_a_missing_piece_is_named_with_exit_code_2(packed, tmp_path, capsys):
     assert code == 2 and f"piece 2 of {n} is missing" in text
 
 
-def test_a_cold_machine_is_named_at_assembly(packed, tmp_path, capsys):
+def test_a_cold_machine_is_named_at_assembly_and_by_the_job(packed, tmp_path, capsys):
     repo = packed[0]
     code, text = run_main(["assemble", "--out", str(repo / ".device-kit"), "--kit", str(tmp_path / "cold")], capsys)
     assert code == 2 and "no piece has been received" in text
+    job = subprocess.run(["bash", str(ROOT / "scripts" / "device_job.sh"), "tests"], capture_output=True, text=True,
+                         env={"PATH": "/usr/bin:/bin", "OPTTREE_KIT": str(tmp_path / "cold"), "OUT": str(tmp_path)})
+    assert job.returncode == 2 and "no assembled kit" in job.stderr
 
 
 def test_a_corrupted_piece_is_refused(packed, tmp_path, capsys):
@@ -250,3 +253,48 @@ def test_the_script_runs_on_its_own(packed, tmp_path):
                              "--kit", str(tmp_path / "device")], capture_output=True, text=True)
     assert result.returncode == 2 and "device_kit.py receive: error: piece 1 of" in result.stderr
 
+
+FAKE_PYTHON = r"""#!/usr/bin/env bash
+# stands in for the device's python3: notes its arguments, makes what the real command would
+echo "$*" >> "$OPTTREE_KIT/calls.txt"
+case "$*" in
+  *"import matplotlib"*) exit 1 ;;
+  *"import sys, torch"*) echo "python 3.12 | torch 2.11 | transformers 5.24.0" ;;
+  *opttree.bench*) out=""; prev=""; for a in "$@"; do [ "$prev" = --out ] && out=$a; prev=$a; done
+    mkdir -p "$out/answers"; echo "| method | speed |" > "$out/summary.md"; echo "{}" > "$out/answers/plain.jsonl" ;;
+  *"opttree distill"*) mkdir -p "$OPTTREE_KIT/head-next" "$OPTTREE_KIT/cache"
+    for f in model.safetensors opttree_draft.json training.json data_manifest.json; do
+      echo "$f" > "$OPTTREE_KIT/head-next/$f"; done
+    echo "{}" > "$OPTTREE_KIT/cache/manifest.json" ;;
+  *pytest*) echo "1 passed" ;;
+esac
+"""
+
+
+@pytest.mark.parametrize("job,comes_back", [
+    ("tests", ["tests.log"]),
+    ("bench", ["bench-summary.md", "bench.log", "bench.tar.gz"]),
+    ("round", ["head-next.tar.gz", "round.log"]),
+])
+def test_each_job_runs_its_command_and_sends_back_few_files(tmp_path, job, comes_back):
+    device, out, bin_dir = tmp_path / "kit", tmp_path / "out", tmp_path / "bin"
+    device.mkdir(), bin_dir.mkdir()
+    (device / "assembled.json").write_text("{}")
+    (device / "spec_bench_questions.jsonl").write_text("{}\n")
+    (bin_dir / "python3").write_text(FAKE_PYTHON)
+    (bin_dir / "python3").chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "OPTTREE_KIT": str(device), "OUT": str(out)}
+    result = subprocess.run(["bash", str(ROOT / "scripts" / "device_job.sh"), job], capture_output=True, text=True,
+                            env=env)
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in out.iterdir()) == comes_back
+    calls = (device / "calls.txt").read_text()
+    if job == "tests":
+        assert "-m pytest -q -m gpu --ignore=tests/test_bench.py" in calls and "-m real_model and not gpu" in calls
+    if job == "bench":
+        assert f"--questions {device}/spec_bench_questions.jsonl" in calls and "--no-plots" in calls
+        assert "--categories writing,roleplay,reasoning,math,coding,extraction,stem,humanities,translation," in calls
+    if job == "round":
+        assert f"-m opttree distill --recipe drafts/smollm2-135m-head/recipe.toml --cache {device}/cache" in calls
+        assert "head-next/model.safetensors" in subprocess.run(["tar", "-tzf", str(out / "head-next.tar.gz")],
+                                                               capture_output=True, text=True).stdout

@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# What a lent GPU machine runs once `scripts/device_kit.py assemble` has put the kit in place (the
+# last call of `device_kit.py pack`'s plan runs one job; later calls, while the machine is warm,
+# run others with no carry):
+#   bash scripts/device_job.sh tests   -m gpu, then -m real_model; output in $OUT/tests.log.
+#                                      One call; cut at the time limit (the log says where).
+#   bash scripts/device_job.sh bench   Spec-Bench, 13 categories x 1 question, 64 tokens, bf16 on cuda;
+#                                      $OUT/bench.log, bench-summary.md, bench.tar.gz. One call (expected
+#                                      a few minutes; not measured yet).
+#   bash scripts/device_job.sh round   drafts/smollm2-135m-head/recipe.toml into /tmp/opttree-kit/head-next:
+#                                      RESUMABLE across calls (recipe.toml estimates 25 min of H100: 3-4
+#                                      calls, so a session's 30 device-minutes hold it only as the sole
+#                                      job). Each call stops at the time limit and exits 3: repeat the
+#                                      same call within 30 s until it exits 0. $OUT/round.log; at the end
+#                                      head-next.tar.gz (the head's files, data_manifest.json, the
+#                                      cache's manifest.json).
+# Each job stops itself after OPTTREE_JOB_SECONDS (default 480 s; a later call, with no assembly
+# before it, may set 560), so that it ends and its log comes back inside the tool's 10-minute call.
+# The tool brings back at most 8 files of $OUT (16 MiB each): folders go back as one .tar.gz each.
+# Environment: the wheels in $OPTTREE_SITE (/tmp/site) ahead of the device's own packages; the GGUF
+# where opttree.smollm2 looks ($OPTTREE_CACHE/smollm2); Spec-Bench's questions from the kit.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+KIT=${OPTTREE_KIT:-/tmp/opttree-kit}
+SITE=${OPTTREE_SITE:-/tmp/site}
+OUT=${OUT:-$KIT/out}
+LIMIT=${OPTTREE_JOB_SECONDS:-480}
+CATEGORIES=writing,roleplay,reasoning,math,coding,extraction,stem,humanities,translation,summarization,qa,math_reasoning,rag
+job=${1:-}
+
+die() { echo "device_job.sh: error: $*" >&2; exit 2; }
+case "$job" in tests|bench|round) ;; *) die "usage: bash scripts/device_job.sh tests|bench|round" ;; esac
+[ -f "$KIT/assembled.json" ] || die "no assembled kit in $KIT (the machine went cold, or assemble did not run): \
+run device_kit.py's calls again from call 1 (python scripts/device_kit.py commands)"
+export PYTHONPATH="$SITE:$PWD/src" OPTTREE_CACHE="$KIT/opttree-cache" OPTTREE_SPEC_BENCH="$KIT/spec_bench_questions.jsonl"
+mkdir -p "$OUT"
+deadline=$((SECONDS + LIMIT))
+left() { echo $((deadline > SECONDS + 5 ? deadline - SECONDS : 5)); }
+versions() {
+  python3 -c 'import sys, torch, transformers, gguf; print("python", sys.version.split()[0], "| torch", torch.__version__,
+"| transformers", transformers.__version__, "from", transformers.__file__, "| gguf", gguf.__file__,
+"| cuda:", torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none")'
+}
+has_matplotlib() { python3 -c 'import matplotlib' 2>/dev/null; }
+
+case "$job" in
+tests)
+  log=$OUT/tests.log
+  versions | tee "$log"
+  skip=()
+  if ! has_matplotlib; then  # tests/test_bench.py and test_notebook.py import it at module level
+    skip=(--ignore=tests/test_bench.py --ignore=tests/test_notebook.py)
+    echo "no matplotlib here: ${skip[*]}" | tee -a "$log"
+  fi
+  rc_gpu=0 rc_real=0
+  timeout -s INT -k 30 "$(left)" python3 -m pytest -q -m gpu "${skip[@]}" tests/ 2>&1 | tee -a "$log" || rc_gpu=$?
+  timeout -s INT -k 30 "$(left)" python3 -m pytest -q -m "real_model and not gpu" "${skip[@]}" tests/ 2>&1 \
+    | tee -a "$log" || rc_real=$?
+  echo "tests: -m gpu exit $rc_gpu, -m real_model exit $rc_real (124: stopped at the time limit)" | tee -a "$log"
+  [ "$rc_gpu" = 0 ] && [ "$rc_real" = 0 ]
+  ;;
+bench)
+  [ -f "$OPTTREE_SPEC_BENCH" ] || die "no Spec-Bench questions in the kit: pack found none (pack --questions PATH)"
+  plots=()
+  has_matplotlib || plots=(--no-plots)
+  rm -rf "$KIT/bench"
+  versions | tee "$OUT/bench.log"
+  rc=0
+  # --assistant: HF assisted generation needs a whole draft model; the feature head cannot be one
+  timeout "$(left)" python3 -m opttree.bench --questions "$OPTTREE_SPEC_BENCH" --draft drafts/smollm2-135m-head \
+    --assistant drafts/smollm2-135m-draft --mix-lookup 0.5 --dtype bfloat16 --device cuda \
+    --methods plain,assisted,lookup,opttree --opttree nodes=8 --opttree nodes=16 --opttree nodes=60,threshold=0.5 \
+    --categories "$CATEGORIES" --per-category 1 --max-turns 1 --max-new-tokens 64 --out "$KIT/bench" --no-progress \
+    "${plots[@]}" 2>&1 | tee -a "$OUT/bench.log" || rc=$?
+  if [ -d "$KIT/bench" ]; then
+    tar -czf "$OUT/bench.tar.gz" -C "$KIT" bench
+    [ ! -f "$KIT/bench/summary.md" ] || cp "$KIT/bench/summary.md" "$OUT/bench-summary.md"
+  fi
+  echo "bench: exit $rc (1: an output differed from plain greedy; 124: stopped at the time limit)" | tee -a "$OUT/bench.log"
+  exit "$rc"
+  ;;
+round)
+  versions | tee -a "$KIT/round.log"
+  rc=0
+  timeout "$(left)" python3 -m opttree distill --recipe drafts/smollm2-135m-head/recipe.toml --cache "$KIT/cache" \
+    --out "$KIT/head-next" --device cuda 2>&1 | tee -a "$KIT/round.log" || rc=$?
+  if [ "$rc" = 124 ]; then
+    echo "round: stopped at the time limit; what finished is kept in $KIT/cache. Run the same call again within \
+30 s to go on (a cold machine loses it all)." | tee -a "$KIT/round.log"
+    cp "$KIT/round.log" "$OUT/round.log"
+    exit 3
+  fi
+  cp "$KIT/round.log" "$OUT/round.log"
+  [ "$rc" = 0 ] || exit "$rc"
+  files=(head-next/opttree_draft.json head-next/training.json head-next/data_manifest.json)
+  size=$(stat -c %s "$KIT/head-next/model.safetensors")
+  if [ "$size" -le $((15 * 1024 * 1024)) ]; then files+=(head-next/model.safetensors); else
+    echo "round: model.safetensors is $size bytes, over what comes back (16 MiB): left in $KIT/head-next" \
+      | tee -a "$OUT/round.log"; fi
+  cp "$KIT/cache/manifest.json" "$KIT/head-next/cache-manifest.json"
+  tar -czf "$OUT/head-next.tar.gz" -C "$KIT" "${files[@]}" head-next/cache-manifest.json
+  echo "round: done; $OUT/head-next.tar.gz holds ${files[*]} and the cache's manifest" | tee -a "$OUT/round.log"
+  ;;
+esac
