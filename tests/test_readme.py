@@ -2,12 +2,12 @@
 on the real SmolLM2 target and the shipped drafts (as the README says); the first block's output is
 checked against plain greedy generate()."""
 
-import os
 import re
 from pathlib import Path
 
 import pytest
 import torch
+from threads import real_model_threads
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -34,7 +34,7 @@ def test_every_python_block_compiles_and_the_default_is_documented():
 def test_the_readme_runs_top_to_bottom(monkeypatch):
     monkeypatch.chdir(ROOT)
     threads = torch.get_num_threads()
-    torch.set_num_threads(max(threads, min(2, os.cpu_count() or 1)))
+    torch.set_num_threads(real_model_threads())
     namespace: dict = {"__name__": "__readme__"}
     try:
         for k, block in enumerate(python_blocks(README.read_text())):

