@@ -35,8 +35,9 @@ class ForwardInputs:
 
 def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """visible: [q, kv] bool -> [1, 1, q, kv] (or [B, q, kv] -> [B, 1, q, kv]) additive mask in ``dtype``."""
-    mask = torch.zeros(visible.shape, dtype=dtype, device=visible.device)
-    mask.masked_fill_(~visible, torch.finfo(dtype).min)
+    mask = torch.where(visible, 0.0, torch.finfo(dtype).min)  # in the default float dtype
+    if mask.dtype != dtype:
+        mask = mask.to(dtype)
     return mask[None, None] if visible.dim() == 2 else mask[:, None]
 
 
@@ -52,8 +53,10 @@ def tree_forward_inputs(
     allows."""
     q, c = tail_visible.shape
     kv = past_len + q
-    hidden = torch.finfo(dtype).min
-    mask = torch.nn.functional.pad((~tail_visible).to(dtype) * hidden, (kv - c, 0))  # [q, kv] additive, the prefix visible
+    tail = torch.where(tail_visible, 0.0, torch.finfo(dtype).min)  # [q, c] additive, in the default float dtype
+    if tail.dtype != dtype:
+        tail = tail.to(dtype)
+    mask = torch.nn.functional.pad(tail, (kv - c, 0))  # [q, kv] additive, the prefix visible
     return ForwardInputs(
         input_ids=tokens.unsqueeze(0),
         attention_mask=mask.view(1, 1, q, kv),
