@@ -32,14 +32,14 @@ def test_the_tiny_pair_grows_deep_trees(counts):
 def test_model_drafter_step_targets(counts):
     step, _ = counts["model", 60]
     assert step.reads <= 30  # one per layer, one for the walk, one for the draft cache's commit
-    assert step.kernels <= 365  # measured 352: the pool's ancestor rows are written in place
-    assert step.ops <= 560  # views included (measured 544 with torch 2.13)
+    assert step.kernels <= 355  # measured 342: the pool's ancestor rows are written in place, masks are one where
+    assert step.ops <= 545  # views included (measured 529 with torch 2.13)
 
 
 def test_feature_head_step(counts):
     step, _ = counts["head", 60]
     assert step.reads <= 30
-    assert step.kernels <= 440  # measured 425: the [k, vocab] scatter of its kept tokens is left
+    assert step.kernels <= 420  # measured 405: the [k, vocab] scatter of its kept tokens is left
 
 
 @pytest.mark.parametrize("kind", ["model", "head"])
