@@ -65,11 +65,11 @@ def main():
     kw = dict(max_new_tokens=args.max_new_tokens, do_sample=False)
     gen.generate(**inputs, max_new_tokens=8, do_sample=False)  # warm-up
     target.generate(**inputs, max_new_tokens=8, do_sample=False)
-    with weight_major():
+    with weight_major(target):
         target.generate(**inputs, max_new_tokens=8, do_sample=False)
 
     plain, t_plain = timed(lambda: target.generate(**inputs, **kw))
-    with weight_major():  # plain decoding under the linear kernel opttree's decoding loop runs in
+    with weight_major(target):  # plain decoding under the kernel opttree decodes in (the same swapped layers)
         plain_wm, t_plain_wm = timed(lambda: target.generate(**inputs, **kw))
     spec, t_spec = timed(lambda: gen.generate(**inputs, **kw))
     n = spec.shape[1] - inputs["input_ids"].shape[1]
