@@ -33,11 +33,16 @@ class ForwardInputs:
                     position_ids=self.position_ids, cache_position=self.cache_position)
 
 
+def _additive(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """visible: [..., kv] bool -> the same shape in ``dtype``: 0 where visible, finfo(dtype).min
+    elsewhere (one ``where``, in the default float dtype, cast only when ``dtype`` differs)."""
+    mask = torch.where(visible, 0.0, torch.finfo(dtype).min)
+    return mask if mask.dtype == dtype else mask.to(dtype)
+
+
 def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """visible: [q, kv] bool -> [1, 1, q, kv] (or [B, q, kv] -> [B, 1, q, kv]) additive mask in ``dtype``."""
-    mask = torch.where(visible, 0.0, torch.finfo(dtype).min)  # in the default float dtype
-    if mask.dtype != dtype:
-        mask = mask.to(dtype)
+    mask = _additive(visible, dtype)
     return mask[None, None] if visible.dim() == 2 else mask[:, None]
 
 
@@ -53,10 +58,7 @@ def tree_forward_inputs(
     allows."""
     q, c = tail_visible.shape
     kv = past_len + q
-    tail = torch.where(tail_visible, 0.0, torch.finfo(dtype).min)  # [q, c] additive, in the default float dtype
-    if tail.dtype != dtype:
-        tail = tail.to(dtype)
-    mask = torch.nn.functional.pad(tail, (kv - c, 0))  # [q, kv] additive, the prefix visible
+    mask = torch.nn.functional.pad(_additive(tail_visible, dtype), (kv - c, 0))  # [q, kv] additive, the prefix visible
     return ForwardInputs(
         input_ids=tokens.unsqueeze(0),
         attention_mask=mask.view(1, 1, q, kv),
