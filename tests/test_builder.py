@@ -116,7 +116,7 @@ def test_a_layer_read_from_the_best_nodes_alone_equals_one_read_from_the_whole_p
     g = torch.Generator().manual_seed(0)
     for trial in range(200):
         budget = int(torch.randint(1, 12, (1,), generator=g))
-        pool, best = torch.empty(0), torch.empty(0)
+        pool, best = torch.empty(0), []
         for _ in range(4):
             layer = (torch.randint(0, 4, (int(torch.randint(1, 15, (1,), generator=g)),), generator=g) / 4.0)
             layer = torch.sort(layer, descending=True).values  # coarse values: ties everywhere

@@ -33,6 +33,7 @@ from ..hf import fast_linear
 from ..tree.draft_tree import DraftTree
 from ..tree.masks import additive_mask
 from .base import Drafter, ToProbs
+from .model import on
 
 
 @dataclass(frozen=True)
@@ -251,7 +252,8 @@ class FeatureHead(nn.Module):
     def reduced_logits(self, predicted: torch.Tensor) -> torch.Tensor:
         """predicted features [..., H] -> logits over the K kept tokens [..., K]."""
         # not an nn.Linear: fast_linear.linear gives it the few-row kernel the head's layers get
-        return fast_linear.linear(predicted, self.out_weight.to(predicted.dtype), self.out_bias)
+        weight = self.out_weight if self.out_weight.dtype == predicted.dtype else self.out_weight.to(predicted.dtype)
+        return fast_linear.linear(predicted, weight, self.out_bias)
 
     def full_logits(self, predicted: torch.Tensor) -> torch.Tensor:
         """[..., H] -> [..., V] float32; tokens outside the kept set get finfo.min."""
@@ -356,7 +358,7 @@ class FeatureHeadDrafter(Drafter):
         """Predicted features [k, H] -> draft probabilities [k, V] float32."""
         if self.to_probs is not None:
             return self.to_probs(self.head.full_logits(g))
-        small = torch.softmax(self.head.reduced_logits(g).float(), dim=-1)  # [k, K]; the rest is 0
+        small = torch.softmax(self.head.reduced_logits(g), dim=-1, dtype=torch.float32)  # [k, K]; the rest is 0
         return small.new_zeros(len(g), self.head.c.vocab_size).index_copy_(-1, self.head.token_ids, small)
 
     def predicted_feature(self, pool_id: int) -> torch.Tensor:
@@ -367,7 +369,7 @@ class FeatureHeadDrafter(Drafter):
         """frontier: [k] long pool ids -> [k, vocab]. Each node reads its parent's predicted
         feature and sees the cached entries and its ancestors' tree entries; no host read."""
         device = self.head.device
-        frontier = frontier.to(device)
+        frontier = on(frontier, device)
         features = self.predicted.index_select(0, pool.parents.index_select(0, frontier) + 1)  # [k, H] the parents' g
         ancestors = pool.ancestor_mask().index_select(0, frontier)  # [k, m]
         columns = torch.cat([self.fed, frontier])  # [f + k] pool ids of the tree entries after this forward

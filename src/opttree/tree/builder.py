@@ -143,22 +143,30 @@ class LayerReading:
     positive: int  # the new layer's nodes with p̂ > 0 (a prefix: p̂ is descending)
     expected_length: float  # E(A) of the best ``nodes`` nodes of the pool with the new layer
     frontier: int  # the new layer's nodes among those best (a prefix), the next expand's width
-    best: torch.Tensor  # [<= nodes] float: those best p̂, descending, ties earlier-first (zeros add nothing)
+    best: list[float]  # those best p̂ (at most ``nodes``), descending, ties earlier-first (zeros add nothing)
 
 
-def read_layer(best: torch.Tensor, layer_probs: torch.Tensor, budget: int) -> LayerReading:
-    """best: [b] float, the p̂ of the pool's best ``budget`` nodes before the layer, descending
-    (the previous reading's ``best``; the pool's other nodes can never be among the best again);
+def read_layer(best: list[float], layer_probs: torch.Tensor, budget: int) -> LayerReading:
+    """best: the p̂ of the pool's best ``budget`` nodes before the layer, descending (the previous
+    reading's ``best``; the pool's other nodes can never be among the best again);
     layer_probs: [c] float, descending. Ties go to the earlier node (the pool before the layer,
-    then the layer's own order), as a stable sort of the whole pool would break them."""
-    merged = torch.sort(torch.cat([best, layer_probs]), descending=True, stable=True)  # [b + c]
-    top = merged.values[:budget]  # [min(budget, b + c)]
-    positive, gain, frontier = torch.cat([
-        (layer_probs > 0).sum(dim=0, keepdim=True),  # [1]
-        top.sum(dim=0, keepdim=True),  # [1]
-        (merged.indices[:budget] >= best.shape[0]).sum(dim=0, keepdim=True),  # [1]
-    ]).tolist()
-    return LayerReading(int(positive), gain, min(int(frontier), int(positive)), top)
+    then the layer's own order), as a stable sort of the whole pool would break them.
+
+    The layer's c values are the host read (the same one wait as reading three numbers); merging
+    two sorted lists of at most ``budget`` values is then cheaper in Python than a dozen small
+    ops on the device."""
+    layer = layer_probs.tolist()  # the host read
+    top: list[float] = []
+    i = j = 0  # next of best, next of layer
+    while len(top) < budget and (i < len(best) or j < len(layer)):
+        if j == len(layer) or (i < len(best) and best[i] >= layer[j]):  # ties: the earlier node
+            top.append(best[i])
+            i += 1
+        else:
+            top.append(layer[j])
+            j += 1
+    positive = sum(1 for p in layer if p > 0)
+    return LayerReading(positive, sum(top), min(j, positive), top)
 
 
 def grown(growth: Growth, expand: Expand) -> BuiltTree:
@@ -207,7 +215,7 @@ def grow_opt_tree(root_probs: torch.Tensor, config: TreeConfig, max_depth=None, 
 
     # 1. the first layer: the root's most probable children
     top = torch.topk(root_probs, min(budget, root_probs.shape[0]))
-    reading = read_layer(root_probs[:0], top.values, budget)
+    reading = read_layer([], top.values, budget)
     pool = DraftTree.first_layer(top.indices[:reading.positive], top.values[:reading.positive],  # p̂ descending
                                  capacity=min(budget * depth_cap, POOL_CAPACITY))
     gains, layers = [reading.expected_length], [ExpandedLayer(torch.full((1,), -1, device=device), root_probs[None])]
