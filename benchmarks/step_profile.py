@@ -3,7 +3,7 @@
 Wraps a few functions of the loop with wall-clock timers (no profiler: their own cost is a few µs
 a call) and prints ms per step for each: the target's verify forward, the whole drafting phase,
 and inside it the head's forward, its probabilities, the tree layer's top-k and read. Greedy,
-batch 1, a few Spec-Bench prompts, the head alone (no prompt lookup).
+batch 1, a few Spec-Bench prompts, the head alone or (``--mix-lookup W``) mixed with prompt lookup.
 
     .venv/bin/python benchmarks/step_profile.py --dtype bfloat16 --nodes 60 --threads 1
     PYTHONPATH=<another checkout>/src .venv/bin/python benchmarks/step_profile.py ...   # that code, timed alike
@@ -23,6 +23,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMED = [("opttree.loop.generation", "target_forward"), ("opttree.loop.generation", "draft_trees"),
+         ("opttree.drafters.base", "PerRow.expand"), ("opttree.drafters.ngram", "PromptLookupDrafter._probs"),
          ("opttree.drafters.feature_head", "FeatureHeadDrafter._run"),
          ("opttree.drafters.feature_head", "FeatureHeadDrafter._probs"),
          ("opttree.drafters.feature_head", "FeatureHead.reduced_logits"),
@@ -66,6 +67,8 @@ def main(argv=None) -> None:
     parser.add_argument("--stride", type=int, default=40, help="every stride-th Spec-Bench question")
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--mix-lookup", type=float, default=None, metavar="W",
+                        help="draft with MixedDrafter(head, weight=W): the head mixed with prompt lookup")
     parser.add_argument("--questions", type=Path, default=ROOT.parent / "shared" / "data" / "spec_bench_questions.jsonl")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -83,7 +86,11 @@ def main(argv=None) -> None:
     chosen = questions[::args.stride][:args.prompts]
     prompts = [tok.apply_chat_template([{"role": "user", "content": q["turns"][0]}], add_generation_prompt=True,
                                        return_tensors="pt", return_dict=True)["input_ids"] for q in chosen]
-    gen = SpeculativeGenerator(target, head, nodes=args.nodes, threshold=args.threshold)
+    draft = head
+    if args.mix_lookup is not None:
+        from opttree.drafters import MixedDrafter
+        draft = MixedDrafter(head, weight=args.mix_lookup)
+    gen = SpeculativeGenerator(target, draft, nodes=args.nodes, threshold=args.threshold)
     gen.generate(prompts[0], max_new_tokens=8)  # warm-up
     spent: collections.Counter = collections.Counter()
     undo = timed(spent)
@@ -99,7 +106,7 @@ def main(argv=None) -> None:
         for owner, attr, original in undo:
             setattr(owner, attr, original)
     print(f"{cpu_model()}, torch {torch.__version__}, {args.threads} thread(s); target {args.dtype}, head "
-          f"{args.draft_dtype or args.dtype}, nodes={args.nodes}, threshold={args.threshold}: {steps} steps, "
+          f"{args.draft_dtype or args.dtype}{'' if args.mix_lookup is None else f' mixed with lookup {args.mix_lookup}'}, nodes={args.nodes}, threshold={args.threshold}: {steps} steps, "
           f"tau {tokens / steps:.2f}, {1000 * total / steps:.1f} ms/step")
     print("| part | ms/step |\n|---|---|")
     for name, seconds in spent.most_common():

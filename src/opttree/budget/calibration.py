@@ -250,7 +250,7 @@ def measure_drafter(drafter, vocab: int, device, widths=DRAFT_WIDTHS, prefix: in
                 pool = DraftTree(top, torch.full_like(top, -1), torch.ones(len(top), device=device))
                 frontier = torch.arange(len(top), device=device)
                 expand_start = time.perf_counter()
-                out = drafter.expand(pool, frontier)
+                out = drafter.expand_probs(pool, frontier)  # what decoding calls
                 _sync(out.device)
                 end = time.perf_counter()
                 drafter.commit([])

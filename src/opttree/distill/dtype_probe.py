@@ -124,7 +124,7 @@ class ProbeRun:
         tokens = (torch.arange(width, dtype=torch.long) * 3 + 1) % self.vocab
         pool = DraftTree(tokens.to(self.device), torch.full((width,), -1, dtype=torch.long, device=self.device),
                          torch.ones(width, device=self.device))
-        self.drafter.expand(pool, torch.arange(width, device=self.device))
+        self.drafter.expand_probs(pool, torch.arange(width, device=self.device))  # what decoding calls
         self.drafter.commit([])
 
     def round(self) -> None:

@@ -32,6 +32,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from ..tree.draft_probs import DraftProbs
 from ..tree.draft_tree import DraftTree
 
 ToProbs = Callable[[torch.Tensor], torch.Tensor]  # draft logits [k, vocab] float32 -> probabilities [k, vocab]
@@ -78,6 +79,14 @@ class Drafter(ABC):
     def commit(self, accepted_pool_ids: list[int]) -> None:
         """The root's accepted descendants (pool ids, root-to-leaf order) are now committed;
         forget every other node of this step."""
+
+    def expand_probs(self, pool: DraftTree, frontier: torch.Tensor) -> DraftProbs:
+        """What the decoding loop calls: :meth:`expand`'s q as a :class:`DraftProbs`. Default: the
+        dense [k, vocab] rows. A drafter that can propose only some tokens (a feature head's kept
+        tokens, prompt lookup's continuations) returns them alone, and the tree is grown from
+        those columns, never spread over the vocabulary; its :meth:`expand` is then this
+        method's ``full()``."""
+        return DraftProbs.dense(self.expand(pool, frontier))
 
     def features_from(self, hidden_states: Sequence[torch.Tensor]) -> torch.Tensor:
         """The target's ``output_hidden_states`` of one row (each [1, T, H]) -> the features
@@ -129,7 +138,7 @@ class DrafterRows(ABC):
     @abstractmethod
     def expand(self, requests: list) -> list:
         """requests: per row ``(pool, frontier)`` or None (a row not expanding this round) -> per
-        row its [k_b, vocab] probabilities, or None."""
+        row its children's q (a :class:`DraftProbs`, k_b rows), or None."""
 
     @abstractmethod
     def commit(self, accepted: list[list[int]]) -> None:
@@ -169,7 +178,7 @@ class PerRow(DrafterRows):
         return [d.root_probs(seq) for d, seq in zip(self.drafters, sequences)]
 
     def expand(self, requests: list) -> list:
-        return [None if r is None else d.expand(*r) for d, r in zip(self.drafters, requests)]
+        return [None if r is None else d.expand_probs(*r) for d, r in zip(self.drafters, requests)]
 
     def commit(self, accepted: list[list[int]]) -> None:
         for d, ids in zip(self.drafters, accepted):

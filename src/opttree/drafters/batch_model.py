@@ -13,6 +13,7 @@ import torch
 
 from ..hf import kv_cache
 from ..hf.compat import with_cache
+from ..tree.draft_probs import DraftProbs
 from ..tree.masks import batch_forward_inputs, row_visibility
 from .base import DrafterRows, ToProbs
 
@@ -79,9 +80,9 @@ class BatchModelDrafter(DrafterRows):
         self.slots = [{} for _ in sequences]
         return self.to_probs(logits[torch.arange(len(new), device=self.device), counts - 1])
 
-    def expand(self, requests: list) -> list[torch.Tensor | None]:
+    def expand(self, requests: list) -> list[DraftProbs | None]:
         """requests: per row ``(pool, frontier)`` or None (a row not expanding) -> per row its
-        children's q ([k_b, vocab]) or None. One forward; a row's frontier node sees its row's
+        children's q (dense, k_b rows) or None. One forward; a row's frontier node sees its row's
         committed tokens, this step's slots of its ancestors, and itself."""
         rows = len(requests)
         past_len = kv_cache.cache_length(self.cache)
@@ -108,7 +109,7 @@ class BatchModelDrafter(DrafterRows):
             positions[b] = self.seen[b] - 1 + int(depths.min())  # holes: any position in range
             positions[b, :len(frontier)] = (self.seen[b] - 1 + depths).to(self.device)
         logits = self._forward(tokens, positions, tail)
-        out: list[torch.Tensor | None] = []
+        out: list[DraftProbs | None] = []
         for b, request in enumerate(requests):
             if request is None:
                 out.append(None)
@@ -116,7 +117,7 @@ class BatchModelDrafter(DrafterRows):
             frontier = request[1]
             for j, pid in enumerate(frontier.tolist()):
                 self.slots[b][pid] = past_len + j
-            out.append(self.to_probs(logits[b, :len(frontier)]))
+            out.append(DraftProbs.dense(self.to_probs(logits[b, :len(frontier)])))
         return out
 
     def commit(self, accepted: list[list[int]]) -> None:

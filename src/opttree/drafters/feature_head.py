@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from ..hf import fast_linear
+from ..tree.draft_probs import DraftProbs
 from ..tree.draft_tree import DraftTree
 from ..tree.masks import additive_mask
 from .base import Drafter, ToProbs
@@ -352,22 +353,28 @@ class FeatureHeadDrafter(Drafter):
         self.pending = self.pending[end - start:]
         self.root_position = end - 1
         self.predicted = g[-1:]
-        return self._probs(self.predicted)[0]
+        return self._probs(self.predicted).full()[0]
 
-    def _probs(self, g: torch.Tensor) -> torch.Tensor:
-        """Predicted features [k, H] -> draft probabilities [k, V] float32."""
+    def _probs(self, g: torch.Tensor) -> DraftProbs:
+        """Predicted features [k, H] -> the draft's q, float32: over the K kept tokens (the others
+        have q = 0) or, with sampling's warpers, over the whole vocabulary."""
         if self.to_probs is not None:
-            return self.to_probs(self.head.full_logits(g))
-        small = torch.softmax(self.head.reduced_logits(g), dim=-1, dtype=torch.float32)  # [k, K]; the rest is 0
-        return small.new_zeros(len(g), self.head.c.vocab_size).index_copy_(-1, self.head.token_ids, small)
+            return DraftProbs.dense(self.to_probs(self.head.full_logits(g)))
+        small = torch.softmax(self.head.reduced_logits(g), dim=-1, dtype=torch.float32)  # [k, K]
+        return DraftProbs(small, self.head.token_ids, self.head.c.vocab_size)
 
     def predicted_feature(self, pool_id: int) -> torch.Tensor:
         """[H]: the head's predicted feature g of pool node ``pool_id`` fed this step (-1: the root)."""
         return self.predicted[1 + pool_id]
 
     def expand(self, pool: DraftTree, frontier: torch.Tensor) -> torch.Tensor:
-        """frontier: [k] long pool ids -> [k, vocab]. Each node reads its parent's predicted
-        feature and sees the cached entries and its ancestors' tree entries; no host read."""
+        """frontier: [k] long pool ids -> [k, vocab] (:meth:`expand_probs` over the whole vocabulary)."""
+        return self.expand_probs(pool, frontier).full()
+
+    def expand_probs(self, pool: DraftTree, frontier: torch.Tensor) -> DraftProbs:
+        """frontier: [k] long pool ids -> their children's q over the kept tokens. Each node reads
+        its parent's predicted feature and sees the cached entries and its ancestors' tree
+        entries; no host read."""
         device = self.head.device
         frontier = on(frontier, device)
         features = self.predicted.index_select(0, pool.parents.index_select(0, frontier) + 1)  # [k, H] the parents' g

@@ -14,6 +14,7 @@ from typing import Sequence
 
 import torch
 
+from ..tree.draft_probs import DraftProbs, kept_columns, mix
 from ..tree.draft_tree import DraftTree
 from .base import Drafter, ToProbs
 from .make import make_drafter
@@ -29,6 +30,7 @@ class MixedDrafter(Drafter):
         self.model_drafter = model_drafter
         self.ngram_drafter = ngram_drafter
         self.weight = float(weight)
+        self._columns: tuple[torch.Tensor, torch.Tensor | None] | None = None  # (model token_ids, kept_columns of them)
 
     def bind(self, target, to_probs: ToProbs | None) -> "MixedDrafter":
         """Fresh inner drafters bound to ``target`` (one per generate() call), both with the
@@ -76,7 +78,24 @@ class MixedDrafter(Drafter):
 
     def expand(self, pool: DraftTree, frontier: torch.Tensor) -> torch.Tensor:
         """frontier: [k] long pool ids -> [k, vocab]."""
-        return self._mix(self.model_drafter.expand(pool, frontier), self.ngram_drafter.expand(pool, frontier))
+        return self.expand_probs(pool, frontier).full()
+
+    def expand_probs(self, pool: DraftTree, frontier: torch.Tensor) -> DraftProbs:
+        """frontier: [k] long pool ids -> the mixture over the tokens either drafter proposes
+        (tree/draft_probs.mix), never spread over the vocabulary when neither needs it."""
+        model = self.model_drafter.expand_probs(pool, frontier)
+        ngram = self.ngram_drafter.expand_probs(pool, frontier)
+        if model.token_ids is not None and model.token_ids.dim() == 2 or ngram.token_ids is None:
+            return DraftProbs.dense(self._mix(model.full(), ngram.full()))
+        return mix(model, ngram, self.weight, self._model_columns(model))
+
+    def _model_columns(self, model: DraftProbs) -> torch.Tensor | None:
+        """kept_columns of the model drafter's shared token_ids, made once (the same tensor every layer)."""
+        if model.token_ids is None:
+            return None
+        if self._columns is None or self._columns[0] is not model.token_ids:
+            self._columns = (model.token_ids, kept_columns(model.token_ids, model.vocab))
+        return self._columns[1]
 
     def commit(self, accepted_pool_ids: list[int]) -> None:
         self.model_drafter.commit(accepted_pool_ids)

@@ -20,6 +20,7 @@ from collections import Counter, defaultdict
 
 import torch
 
+from ..tree.draft_probs import DraftProbs
 from ..tree.draft_tree import DraftTree
 from .base import Drafter, ToProbs
 
@@ -88,18 +89,21 @@ class PromptLookupDrafter(Drafter):
                 return found
         return Counter()
 
-    def _probs(self, paths: list[list[int]]) -> torch.Tensor:
-        """[k, vocab] empirical next-token frequencies for each path (zeros where nothing matched)."""
+    def _probs(self, paths: list[list[int]]) -> DraftProbs:
+        """Each path's empirical next-token frequencies, as per-row columns [k, J] (J: the most
+        continuations any path has, at least 1; rows with fewer pad with token 0 at q = 0)."""
         if self.vocab_size is None:
             raise ValueError("PromptLookupDrafter needs vocab_size (make_drafter sets it from the target)")
-        probs = torch.zeros(len(paths), self.vocab_size)
-        for row, path in enumerate(paths):
+        rows = []
+        for path in paths:
             found = self._continuations(path)
             total = sum(found.values())
-            for token, count in found.items():
-                if token < self.vocab_size:
-                    probs[row, token] = count / total
-        return probs.to(self.device)
+            rows.append([(t, c / total) for t, c in found.items() if t < self.vocab_size])
+        width = max(1, max(len(r) for r in rows))
+        ids = [[t for t, _ in r] + [0] * (width - len(r)) for r in rows]
+        values = [[q for _, q in r] + [0.0] * (width - len(r)) for r in rows]
+        return DraftProbs(torch.tensor(values, device=self.device), torch.tensor(ids, dtype=torch.long, device=self.device),
+                          self.vocab_size)
 
     # -- the Drafter interface ---------------------------------------------------------------------
 
@@ -107,10 +111,14 @@ class PromptLookupDrafter(Drafter):
         """sequence: [T] long, the committed tokens -> [vocab] float."""
         self.device = sequence.device
         self._index(sequence.tolist())
-        return self._probs([[]])[0]
+        return self._probs([[]]).full()[0]
 
     def expand(self, pool: DraftTree, frontier: torch.Tensor) -> torch.Tensor:
         """frontier: [k] long pool ids -> [k, vocab] float."""
+        return self.expand_probs(pool, frontier).full()
+
+    def expand_probs(self, pool: DraftTree, frontier: torch.Tensor) -> DraftProbs:
+        """frontier: [k] long pool ids -> their continuations' frequencies, per-row columns."""
         tokens = pool.tokens.tolist()
         return self._probs([[tokens[i] for i in pool.path_to(int(f))] for f in frontier.tolist()])
 

@@ -42,11 +42,11 @@ class DraftClock:
         return out
 
     def expand(self, requests: list) -> list:
-        """requests: per row ``(pool, frontier)`` or None -> per row [k_b, vocab] or None."""
+        """requests: per row ``(pool, frontier)`` or None -> per row a DraftProbs or None."""
         start = time.perf_counter()
         out = self.drafters.expand(requests)
         if self.sync:
-            _sync(next(o for o in out if o is not None))
+            _sync(next(o for o in out if o is not None).values)
         active = [b for b, r in enumerate(requests) if r is not None]
         share = (time.perf_counter() - start) / len(active)
         for b in active:

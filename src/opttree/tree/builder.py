@@ -27,19 +27,20 @@ from typing import Callable
 import torch
 
 from .config import TreeConfig
+from .draft_probs import DraftProbs
 from .draft_tree import DraftTree
 from .plan import LayerState
 
 # expand(pool, frontier) -> draft probabilities for the children of each frontier node.
 #   pool:     every node drafted so far this step (a DraftTree in layer order)
 #   frontier: [k] long, indices into pool
-#   returns:  [k, vocab] float
+#   returns:  [k, vocab] float (what :func:`grown` sends a builder: DraftProbs.dense of it)
 Expand = Callable[[DraftTree, torch.Tensor], torch.Tensor]
 # grow(state) -> draft one more layer? (a budget policy's rule: plan.StepPlan.grow)
 Grow = Callable[[LayerState], bool]
-# A builder at work: yields expand's requests (pool, frontier), is sent each answer ([k, vocab]
-# float), returns the BuiltTree.
-Growth = Generator[tuple[DraftTree, torch.Tensor], torch.Tensor, "BuiltTree"]
+# A builder at work: yields expand's requests (pool, frontier), is sent each answer (a
+# DraftProbs: q over the tokens the drafter can propose), returns the BuiltTree.
+Growth = Generator[tuple[DraftTree, torch.Tensor], DraftProbs, "BuiltTree"]
 # the pool's ancestor store starts with room for nodes × depth nodes, up to this many (then doubles)
 POOL_CAPACITY = 1024
 # a layer's k × vocab draft probabilities from which top_children takes each row's best first
@@ -69,10 +70,10 @@ class BuiltTree:
 
 @dataclass
 class ExpandedLayer:
-    """One expand() call: pool nodes ``frontier`` ([k] long) and the draft's q for their children ([k, vocab])."""
+    """One expand() call: pool nodes ``frontier`` ([k] long) and the draft's q for their children."""
 
     frontier: torch.Tensor
-    probs: torch.Tensor
+    probs: DraftProbs
 
 
 class LazyDraftProbs(Mapping):
@@ -86,9 +87,9 @@ class LazyDraftProbs(Mapping):
     def _filled(self) -> dict[int, torch.Tensor]:
         if self._dict is None:
             tree_of_pool = {pid: i for i, pid in enumerate(self.built.pool_ids.tolist())}
-            self._dict = {-1: self.built.layers[0].probs[0]}
+            self._dict = {-1: self.built.layers[0].probs.full()[0]}
             for layer in self.built.layers[1:]:
-                for pid, q in zip(layer.frontier.tolist(), layer.probs):
+                for pid, q in zip(layer.frontier.tolist(), layer.probs.full()):
                     if pid in tree_of_pool:
                         self._dict[tree_of_pool[pid]] = q
         return self._dict
@@ -136,6 +137,13 @@ def top_children(parent_probs: torch.Tensor, child_probs: torch.Tensor, budget: 
     return torch.div(top.indices, budget, rounding_mode="floor"), row.indices.view(-1)[top.indices], top.values
 
 
+def children_of(parent_probs: torch.Tensor, child: DraftProbs, budget: int):
+    """:func:`top_children` of a layer's :class:`DraftProbs`: (parent row [c] long, token [c] long,
+    p̂ [c] float), over the columns the drafter filled (its candidates), not the whole vocabulary."""
+    rows, columns, probs = top_children(parent_probs, child.values, budget)
+    return rows, child.tokens_at(rows, columns), probs
+
+
 @dataclass
 class LayerReading:
     """The one host read per layer: what the next decision needs."""
@@ -177,7 +185,7 @@ def grown(growth: Growth, expand: Expand) -> BuiltTree:
             request = growth.send(answer)
         except StopIteration as done:
             return done.value
-        answer = expand(*request)
+        answer = DraftProbs.dense(expand(*request))
 
 
 def callable_form(grow_tree: Callable[..., Growth]) -> Callable[..., BuiltTree]:
@@ -218,7 +226,7 @@ def grow_opt_tree(root_probs: torch.Tensor, config: TreeConfig, max_depth=None, 
     reading = read_layer([], top.values, budget)
     pool = DraftTree.first_layer(top.indices[:reading.positive], top.values[:reading.positive],  # p̂ descending
                                  capacity=min(budget * depth_cap, POOL_CAPACITY))
-    gains, layers = [reading.expected_length], [ExpandedLayer(torch.full((1,), -1, device=device), root_probs[None])]
+    gains, layers = [reading.expected_length], [ExpandedLayer(torch.full((1,), -1, device=device), DraftProbs.dense(root_probs[None]))]
     start, depth = 0, 1 if reading.positive else 0  # the newest layer is pool[start:]
 
     # 2. deeper layers while E(A) still grows by more than the threshold (or `grow` says so)
@@ -229,11 +237,9 @@ def grow_opt_tree(root_probs: torch.Tensor, config: TreeConfig, max_depth=None, 
         if grow is not None and not grow(LayerState(pool.path_probs, pool.parents, start, k)):
             break
         frontier = torch.arange(start, start + k, device=device)  # [k] pool ids
-        child_probs = yield pool, frontier  # [k, vocab]
+        child_probs = yield pool, frontier  # DraftProbs, k rows
         layers.append(ExpandedLayer(frontier, child_probs))
-        if child_probs.dtype != pool.path_probs.dtype:
-            child_probs = child_probs.to(pool.path_probs.dtype)
-        rows, tokens, probs = top_children(pool.path_probs[start:start + k], child_probs, budget)
+        rows, tokens, probs = children_of(pool.path_probs[start:start + k], child_probs.to(pool.path_probs.dtype), budget)
         reading = read_layer(reading.best, probs, budget)
         if reading.positive == 0:
             break

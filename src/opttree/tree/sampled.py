@@ -133,7 +133,7 @@ def grow_sampled_tree(root_probs: torch.Tensor, config: TreeConfig, max_depth=No
         if not frontier:
             break
         pool = _pool(tokens, parents, probs, device, root_probs.dtype)
-        child_probs = yield pool, torch.tensor(frontier, dtype=torch.long, device=device)  # [k, vocab]
+        child_probs = (yield pool, torch.tensor(frontier, dtype=torch.long, device=device)).full()  # [k, vocab]
         forwards += 1
         start = len(tokens)
         for node, q in zip(frontier, child_probs):

@@ -104,7 +104,7 @@ def grow_heap_tree(root_probs: torch.Tensor, config: TreeConfig, max_depth=None,
         if grow is not None and not grow(LayerState(pool.path_probs, pool.parents, previous_size, len(frontier))):
             break
         previous_size = len(pool)
-        child_probs = yield pool, frontier  # [k, vocab]
+        child_probs = (yield pool, frontier).full()  # [k, vocab]
         forwards += 1
         expanded[frontier] = True
         q_of_pool.update(zip(frontier.tolist(), child_probs))
@@ -135,7 +135,7 @@ def _greedy_path(root_probs: torch.Tensor, length: int, grow: Grow | None = None
         if i > 0:
             if grow is not None and not grow(LayerState(pool.path_probs, pool.parents, i - 1, 1)):
                 break
-            q = (yield pool, torch.arange(i - 1, i, device=device))[0]
+            q = (yield pool, torch.arange(i - 1, i, device=device)).full()[0]
             forwards += 1
             q_of_pool[i - 1] = q
         best = q.max(dim=0)  # ties: the first maximal token, as argmax
@@ -199,7 +199,7 @@ def grow_delayed_tree(root_probs: torch.Tensor, config: TreeConfig, max_depth=No
 
     # the branching part: an OPT-Tree rooted at the stem's tip, its pool kept behind the stem's
     tip = len(stem) - 1
-    tip_probs = (yield stem, torch.tensor([tip], device=stem.tokens.device))[0]
+    tip_probs = (yield stem, torch.tensor([tip], device=stem.tokens.device)).full()[0]
     forwards += 1
     q_of_pool[tip] = tip_probs
 
@@ -250,7 +250,7 @@ def grow_static_tree(root_probs: torch.Tensor, config: TreeConfig, max_depth=Non
         parents = sorted({index[p[:-1]] for p in layer})
         if depth > 1:
             frontier = torch.tensor(parents, dtype=torch.long, device=device)
-            q_of_pool.update(zip(parents, (yield pool, frontier)))
+            q_of_pool.update(zip(parents, (yield pool, frontier).full()))
             forwards += 1
         tokens, parent_ids, probs = [], [], []
         for path in layer:
