@@ -31,6 +31,7 @@ from ..drafters.feature_head import FeatureHead, FeatureHeadDrafter
 from ..drafters.model import ModelDrafter
 from ..hf import fast_linear
 from ..tree.draft_tree import DraftTree
+from .turns import take_turns
 
 PROBE_PREFIX = 32  # committed tokens under the timed calls
 PROBE_WIDTHS = (2, 16)  # frontier widths of one round: a small tree's layer and a wide one's
@@ -138,18 +139,13 @@ def time_rounds(rounds: dict[str, Callable[[], None]], warmup: int = WARMUP_ROUN
     """``{name: median seconds of one call}``: ``warmup`` untimed calls of each, then up to
     ``repeats`` timed ones, the candidates taking turns; fewer (but at least MIN_REPEATS) once the
     whole has taken ``max_seconds`` (a machine so loaded that one round takes that long)."""
-    times: dict[str, list[float]] = {name: [] for name in rounds}
     start_all = clock()
-    for k in range(warmup + repeats):
-        if k >= warmup + MIN_REPEATS and clock() - start_all >= max_seconds:
-            break
-        for name, run in rounds.items():
-            start = clock()
-            run()
-            took = clock() - start
-            if k >= warmup:
-                times[name].append(took)
-    return {name: statistics.median(ts) for name, ts in times.items()}
+
+    def go_on(done: int, _times) -> bool:
+        return done < warmup + repeats and not (done >= warmup + MIN_REPEATS and clock() - start_all >= max_seconds)
+
+    times = take_turns(rounds, go_on, clock)
+    return {name: statistics.median(ts[warmup:]) for name, ts in times.items()}
 
 
 def probe_dtypes(model: torch.nn.Module, repeats: int = REPEATS) -> DtypeTimes:

@@ -34,6 +34,7 @@ from typing import Callable
 import torch
 
 from .machine import bf16_flags, cpu_model, machine_name  # noqa: F401 (their home before machine.py)
+from .turns import take_turns
 
 logger = logging.getLogger("opttree.distill")
 
@@ -148,16 +149,11 @@ def time_alternating(fns: dict[str, Callable[[], object]], seconds: float,
     every candidate alike."""
     for fn in fns.values() if warm_up else ():
         fn()
-    spent = {name: [0, 0.0] for name in fns}
-    for _ in range(max_rounds):
-        for name, fn in fns.items():
-            start = clock()
-            fn()
-            spent[name][0] += 1
-            spent[name][1] += clock() - start
-        if all(took >= seconds for _, took in spent.values()):
-            break
-    return {name: (calls, took) for name, (calls, took) in spent.items()}
+
+    def go_on(done: int, times: dict[str, list[float]]) -> bool:
+        return done < max_rounds and not all(sum(ts) >= seconds for ts in times.values())
+
+    return {name: (len(ts), sum(ts)) for name, ts in take_turns(fns, go_on, clock).items()}
 
 
 def scout_losers(rates: dict[str, float], margin: float = SCOUT_MARGIN) -> set[str]:

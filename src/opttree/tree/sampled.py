@@ -153,7 +153,6 @@ def grow_sampled_tree(root_probs: torch.Tensor, config: TreeConfig, max_depth=No
     return SampledTree(tree, keep, [tree.expected_length], forwards, draft_probs, draws=draws)
 
 
-grow_sampled_tree.takes_generator = True  # strategies.grow_tree hands it generate()'s generator
 build_sampled_tree = callable_form(grow_sampled_tree)
 
 

@@ -283,6 +283,7 @@ BUILDERS = {  # strategy -> its growing builder
     "static": grow_static_tree,
     "sampled": grow_sampled_tree,
 }
+DRAWING = frozenset({"sampled"})  # strategies whose builder draws: grow_tree hands them generate()'s generator
 
 
 def grow_tree(root_probs: torch.Tensor, config: TreeConfig, max_depth: int | None = None,
@@ -300,7 +301,7 @@ def grow_tree(root_probs: torch.Tensor, config: TreeConfig, max_depth: int | Non
         plan = StepPlan(nodes=config.nodes, threshold=config.threshold)
     step_config = replace(config, nodes=plan.nodes, threshold=plan.threshold)
     builder = BUILDERS[config.strategy]
-    extra = {"generator": generator} if getattr(builder, "takes_generator", False) else {}  # "sampled" draws
+    extra = {"generator": generator} if config.strategy in DRAWING else {}
     built = yield from builder(root_probs, step_config, max_depth, width=plan.width, grow=plan.grow, **extra)
     if plan.size is not None and type(built) is BuiltTree:  # subclasses keep their own order
         built = keep_best(built, plan.size(built.tree.path_probs))
