@@ -39,8 +39,8 @@ def test_model_drafter_step_targets(counts):
 def test_feature_head_step(counts):
     step, _ = counts["head", 60]
     assert step.reads <= 30
-    assert step.kernels <= 340  # measured 329: the [k, vocab] scatter of its kept tokens is left
-    assert step.ops <= 515  # measured 500
+    assert step.kernels <= 330  # measured 320: its q stays over its kept tokens (no [k, vocab] scatter)
+    assert step.ops <= 505  # measured 492
 
 
 @pytest.mark.parametrize("kind", ["model", "head"])
