@@ -177,7 +177,7 @@ def head_layer_ms(head, target, prefix_len: int, query: int, reps: int) -> float
         drafter.add_features(head.fuse(features)[0])  # what the loop hands a fused head: [T, H]
         drafter.root_probs(prefix)
         t = time.perf_counter()
-        drafter.expand(pool, torch.arange(query))
+        drafter.expand_probs(pool, torch.arange(query))  # what decoding calls
         times.append(1000 * (time.perf_counter() - t))
     return statistics.median(times[3:])
 

@@ -114,7 +114,7 @@ class LatencyModel:
     """Measured costs of one step's pieces, in seconds, refreshed from every step."""
 
     verify: LatencyTable  # T(n): one target forward over the root and n tree nodes
-    layer: LatencyTable | None = None  # one drafter.expand() over w nodes; None: not measured yet
+    layer: LatencyTable | None = None  # one drafter.expand_probs() over w nodes; None: not measured yet
     root_seconds: float = 0.0  # drafter.root_probs(): the catch-up at a step's start
     verify_scale: float = 1.0  # online corrections: measured T(n) ≈ verify_scale · table + verify_offset
     verify_offset: float = 0.0

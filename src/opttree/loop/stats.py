@@ -29,7 +29,7 @@ class StepStats:
     accepted_nodes: list[int] | None = None  # node ids of `tree` the target accepted, root to leaf
     rows: int = 1  # batch rows verified in this step's forward (a batch step sums its rows' figures)
     root_seconds: float = 0.0  # of draft_seconds: drafter.root_probs() (the catch-up forward)
-    layers: list[LayerTiming] = field(default_factory=list)  # of draft_seconds: each drafter.expand()
+    layers: list[LayerTiming] = field(default_factory=list)  # of draft_seconds: each drafter.expand_probs()
 
     @property
     def build_seconds(self) -> float:
