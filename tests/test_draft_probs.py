@@ -88,6 +88,9 @@ def test_the_sparse_mixture_is_the_dense_one(shared):
         model = DraftProbs.dense(random_q(k, VOCAB, g))
     mixed = mix(model, ngram, 0.5, kept_columns(model.token_ids, VOCAB))
     assert torch.equal(mixed.full(), dense_mix(model.full(), ngram.full(), 0.5))
+    other = DraftProbs(random_q(k, 7, g), torch.tensor([1, 2, 3, 10, 20, 30, 39]), VOCAB)  # a second drafter's shared columns
+    assert torch.equal(mix(model, other, 0.3, kept_columns(model.token_ids, VOCAB)).full(),
+                       dense_mix(model.full(), other.full(), 0.3))
 
 
 def tree_from(answer_of_layer, root):

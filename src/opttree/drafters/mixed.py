@@ -85,7 +85,7 @@ class MixedDrafter(Drafter):
         (tree/draft_probs.mix), never spread over the vocabulary when neither needs it."""
         model = self.model_drafter.expand_probs(pool, frontier)
         ngram = self.ngram_drafter.expand_probs(pool, frontier)
-        if model.token_ids is not None and model.token_ids.dim() == 2 or ngram.token_ids is None:
+        if (model.token_ids is not None and model.token_ids.dim() == 2) or ngram.token_ids is None:
             return DraftProbs.dense(self._mix(model.full(), ngram.full()))
         return mix(model, ngram, self.weight, self._model_columns(model))
 

@@ -76,11 +76,12 @@ def mix(model: DraftProbs, ngram: DraftProbs, weight: float, model_columns: torc
     """q = weight · q_ngram + (1 − weight) · q_model in the rows where ``ngram`` has any mass,
     q_model elsewhere (opttree.drafters.mixed), without spreading either over the vocabulary.
 
-    model: dense or shared columns [C]; ngram: per-row columns [k, J] (zero-padded);
+    model: dense or shared columns [C]; ngram: columns per row [k, J] (zero-padded) or shared [J];
     model_columns: :func:`kept_columns` of the model's token_ids. An n-gram token the model has a
     column for is added there; any other gets a column of its own (ids [k, C + J])."""
     values = ngram.values.to(device=model.device, dtype=model.values.dtype)  # [k, J]
-    ids = ngram.token_ids.to(model.device)  # [k, J]
+    ids = ngram.token_ids.to(model.device)
+    ids = ids if ids.dim() == 2 else ids.expand(values.shape[0], -1)  # [k, J]
     w = weight * (values.sum(dim=1, keepdim=True) > 0).to(values.dtype)  # [k, 1]
     ngram_q = w * values  # [k, J]
     column = ids if model_columns is None else model_columns[ids]  # [k, J], -1: not a model column
