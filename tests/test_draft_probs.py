@@ -91,6 +91,11 @@ def test_the_sparse_mixture_is_the_dense_one(shared):
     other = DraftProbs(random_q(k, 7, g), torch.tensor([1, 2, 3, 10, 20, 30, 39]), VOCAB)  # a second drafter's shared columns
     assert torch.equal(mix(model, other, 0.3, kept_columns(model.token_ids, VOCAB)).full(),
                        dense_mix(model.full(), other.full(), 0.3))
+    dense_ngram = DraftProbs.dense(ngram.full())  # a second drafter with a dense q: the mixture is dense
+    assert torch.equal(mix(model, dense_ngram, 0.5, kept_columns(model.token_ids, VOCAB)).values,
+                       dense_mix(model.full(), ngram.full(), 0.5))
+    per_row = mix(model, ngram, 0.5, kept_columns(model.token_ids, VOCAB))  # columns per row, mixed again
+    assert torch.equal(mix(per_row, other, 0.3).full(), dense_mix(per_row.full(), other.full(), 0.3))
 
 
 def tree_from(answer_of_layer, root):

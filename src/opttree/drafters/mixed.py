@@ -65,16 +65,10 @@ class MixedDrafter(Drafter):
     def add_features(self, features: torch.Tensor) -> None:
         self.model_drafter.add_features(features)
 
-    def _mix(self, model_q: torch.Tensor, ngram_q: torch.Tensor) -> torch.Tensor:
-        """model_q, ngram_q: [k, vocab] -> [k, vocab] on model_q's device."""
-        ngram_q = ngram_q.to(device=model_q.device, dtype=model_q.dtype)
-        matched = (ngram_q.sum(dim=-1, keepdim=True) > 0).to(model_q.dtype)  # [k, 1]
-        w = self.weight * matched
-        return w * ngram_q + (1 - w) * model_q
-
     def root_probs(self, sequence: torch.Tensor) -> torch.Tensor:
         """sequence: [T] long -> [vocab]."""
-        return self._mix(self.model_drafter.root_probs(sequence)[None], self.ngram_drafter.root_probs(sequence)[None])[0]
+        model = DraftProbs.dense(self.model_drafter.root_probs(sequence)[None])
+        return mix(model, DraftProbs.dense(self.ngram_drafter.root_probs(sequence)[None]), self.weight).full()[0]
 
     def expand(self, pool: DraftTree, frontier: torch.Tensor) -> torch.Tensor:
         """frontier: [k] long pool ids -> [k, vocab]."""
@@ -84,14 +78,11 @@ class MixedDrafter(Drafter):
         """frontier: [k] long pool ids -> the mixture over the tokens either drafter proposes
         (tree/draft_probs.mix), never spread over the vocabulary when neither needs it."""
         model = self.model_drafter.expand_probs(pool, frontier)
-        ngram = self.ngram_drafter.expand_probs(pool, frontier)
-        if (model.token_ids is not None and model.token_ids.dim() == 2) or ngram.token_ids is None:
-            return DraftProbs.dense(self._mix(model.full(), ngram.full()))
-        return mix(model, ngram, self.weight, self._model_columns(model))
+        return mix(model, self.ngram_drafter.expand_probs(pool, frontier), self.weight, self._model_columns(model))
 
     def _model_columns(self, model: DraftProbs) -> torch.Tensor | None:
         """kept_columns of the model drafter's shared token_ids, made once (the same tensor every layer)."""
-        if model.token_ids is None:
+        if model.token_ids is None or model.token_ids.dim() == 2:
             return None
         if self._columns is None or self._columns[0] is not model.token_ids:
             self._columns = (model.token_ids, kept_columns(model.token_ids, model.vocab))

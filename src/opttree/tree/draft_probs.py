@@ -72,17 +72,23 @@ def kept_columns(token_ids: torch.Tensor | None, vocab: int) -> torch.Tensor | N
     return column
 
 
-def mix(model: DraftProbs, ngram: DraftProbs, weight: float, model_columns: torch.Tensor | None) -> DraftProbs:
+def mix(model: DraftProbs, ngram: DraftProbs, weight: float, model_columns: torch.Tensor | None = None) -> DraftProbs:
     """q = weight · q_ngram + (1 − weight) · q_model in the rows where ``ngram`` has any mass,
-    q_model elsewhere (opttree.drafters.mixed), without spreading either over the vocabulary.
+    q_model elsewhere (opttree.drafters.mixed), without spreading either over the vocabulary
+    unless one of them is spread already.
 
-    model: dense or shared columns [C]; ngram: columns per row [k, J] (zero-padded) or shared [J];
-    model_columns: :func:`kept_columns` of the model's token_ids. An n-gram token the model has a
-    column for is added there; any other gets a column of its own (ids [k, C + J])."""
+    model: dense or shared columns [C] (per-row columns are spread first); ngram: columns per row
+    [k, J] (zero-padded), shared [J], or dense; model_columns: :func:`kept_columns` of the model's
+    shared token_ids. An n-gram token the model has a column for is added there; any other gets a
+    column of its own (ids [k, C + J])."""
+    if model.token_ids is not None and model.token_ids.dim() == 2:
+        model, model_columns = DraftProbs.dense(model.full()), None
     values = ngram.values.to(device=model.device, dtype=model.values.dtype)  # [k, J]
+    w = weight * (values.sum(dim=1, keepdim=True) > 0).to(values.dtype)  # [k, 1]
+    if ngram.token_ids is None:  # a dense n-gram q: the mixture is dense
+        return DraftProbs.dense(w * values + (1 - w) * model.full())
     ids = ngram.token_ids.to(model.device)
     ids = ids if ids.dim() == 2 else ids.expand(values.shape[0], -1)  # [k, J]
-    w = weight * (values.sum(dim=1, keepdim=True) > 0).to(values.dtype)  # [k, 1]
     ngram_q = w * values  # [k, J]
     column = ids if model_columns is None else model_columns[ids]  # [k, J], -1: not a model column
     inside = column >= 0
