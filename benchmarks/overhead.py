@@ -8,12 +8,14 @@ host ms depends on the machine and its load.
 
     .venv/bin/python benchmarks/overhead.py                  # the whole grid
     .venv/bin/python benchmarks/overhead.py --nodes 60 --depths 10 --drafters model
+    .venv/bin/python benchmarks/overhead.py --nodes 60 --depths 10 --timed-runs 7   # host ms: median (range) of 7 runs
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import statistics
 import sys
 from pathlib import Path
 
@@ -65,12 +67,33 @@ def measure(kind: str, nodes: int, depth: int, sample: bool, new_tokens: int = 1
     return counts, sum(s.tree_depth for s in steps) / max(len(steps), 1)
 
 
+def host_ms_samples(kind: str, nodes: int, depth: int, sample: bool, runs: int, new_tokens: int = 120,
+                    seed: int = 0) -> list[float]:
+    """Mean host ms per step of each of ``runs`` uncounted runs of one set-up (after a warm-up):
+    on a shared machine one run can be off by a third."""
+    target, draft = tiny_pair(seed)
+    draft_model, modules = make_draft(kind, target, draft)
+    gen = SpeculativeGenerator(target, draft_model, nodes=nodes, threshold=0.5, max_depth=depth)
+
+    def kwargs():
+        return dict(do_sample=True, top_k=0, generator=torch.Generator().manual_seed(seed)) if sample else {}
+
+    gen.generate(PROMPT, max_new_tokens=8, **kwargs())
+    samples = []
+    for _ in range(runs):
+        with OverheadCounter(target, *modules, count=False) as clock:
+            gen.generate(PROMPT, max_new_tokens=new_tokens, **kwargs())
+        samples.append(clock.mean().host_ms)
+    return samples
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", type=int, nargs="+", default=[8, 16, 60, 128])
     parser.add_argument("--depths", type=int, nargs="+", default=[4, 10])
     parser.add_argument("--drafters", nargs="+", default=["model", "head", "lookup"], choices=["model", "head", "lookup"])
     parser.add_argument("--modes", nargs="+", default=["greedy", "sampled"], choices=["greedy", "sampled"])
+    parser.add_argument("--timed-runs", type=int, default=1, help="host ms as the median (and range) of this many runs")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     print(f"torch {torch.__version__}, 1 thread; per step, outside the forwards")
@@ -81,8 +104,12 @@ def main(argv=None) -> None:
             for depth in args.depths:
                 for nodes in args.nodes:
                     counts, reached = measure(kind, nodes, depth, mode == "sampled")
+                    host = f"{counts.host_ms:.1f}"
+                    if args.timed_runs > 1:
+                        ms = host_ms_samples(kind, nodes, depth, mode == "sampled", args.timed_runs)
+                        host = f"{statistics.median(ms):.1f} ({min(ms):.1f}–{max(ms):.1f})"
                     print(f"| {kind} | {mode} | {nodes} | {depth} | {reached:.1f} | {counts.ops:.0f} | "
-                          f"{counts.kernels:.0f} | {counts.reads:.0f} | {counts.host_ms:.1f} |", flush=True)
+                          f"{counts.kernels:.0f} | {counts.reads:.0f} | {host} |", flush=True)
 
 
 if __name__ == "__main__":
