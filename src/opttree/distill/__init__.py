@@ -7,7 +7,8 @@ logits, cached and resumable) → :mod:`.features` (the target's hidden states, 
 :mod:`.model`) → :func:`load_draft`. :mod:`.recipe` / :mod:`.recipe_run`: the whole of it from one
 recipe file (``opttree distill --recipe``), in the precision measured fastest on the machine
 (:mod:`.precision`), training resumable by optimizer step (:mod:`.checkpoint`). ``load_draft(...,
-dtype="auto")`` runs a draft in the dtype measured fastest (:mod:`.draft_dtype`, :mod:`.dtype_probe`). Cache shards are
+dtype="auto")`` runs a draft in the dtype measured fastest (:mod:`.draft_dtype`, :mod:`.dtype_probe`); both
+probes time their candidates taking turns (:mod:`.turns`). Cache shards are
 safetensors (:mod:`.shards`); :mod:`.depths` and :mod:`.coverage` measure agreement along an
 accepted path and the kept vocabulary.
 """

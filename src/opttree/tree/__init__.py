@@ -1,6 +1,7 @@
 """Draft trees and how they grow: pure torch, no model and no transformers.
 
 * :mod:`.draft_tree`: :class:`DraftTree`, tokens, parents, p̂ and ancestors as tensors, grown by whole layers;
+* :mod:`.draft_probs`: ``DraftProbs``, a layer's draft q over the tokens the drafter can propose (and ``mix``);
 * :mod:`.builder`: OPT-Tree (``build_opt_tree``) and ``BuiltTree``, a step's final tree;
 * :mod:`.strategies`: every strategy behind one interface (``build_tree``: opt, heap, delayed, chain,
   static, sampled); :mod:`.sampled`: the tree drawn from the draft's q; :mod:`.static_trees`: fixed shapes;
