@@ -48,7 +48,7 @@ DRAFT_WIDTHS = (1, 2, 4, 8, 16, 32)  # layer widths timed at calibration
 CALIBRATION_PREFIX = 256  # committed tokens under the timed forwards (a chat prompt and some answer)
 MIN_CALIBRATION_PREFIX = 16  # a shorter context cannot be calibrated: "auto" is refused
 REPEATS = 5  # timed rounds per size (after one warm-up round); sizes interleaved within a round
-CALIBRATION_VERSION = 4  # bump when what is measured changes: old files are then ignored
+CALIBRATION_VERSION = 5  # bump when what is measured changes: old files are then ignored (5: layers timed through expand_probs)
 
 _PAIRS: dict[str, LatencyModel] = {}  # key digest -> the process's (refreshed) model of that pair
 _pairs_lock = threading.Lock()  # guards _PAIRS; held for a dict read or write only

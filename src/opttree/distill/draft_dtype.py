@@ -49,7 +49,7 @@ AUTO = "auto"
 CHOICES = {"float32": torch.float32, "bfloat16": torch.bfloat16}  # what "auto" picks from
 MIN_SPEEDUP = 1.15  # bfloat16 must beat float32 by this factor (less is timing noise)
 FILE_FORMAT = "opttree-draft-dtype/1"
-CHOICE_VERSION = 1  # bump when the probe changes: older files are then ignored
+CHOICE_VERSION = 2  # bump when the probe changes: older files are then ignored (2: it times expand_probs)
 _probing = threading.Lock()  # one probe at a time: two at once would time each other
 ACCEPTED = ("None (the target's dtype; float32 for a feature head), 'auto' (float32 or bfloat16, measured), "
             "or a floating-point torch.dtype such as torch.float32 or torch.bfloat16")
