@@ -31,9 +31,6 @@ class DraftProbs:
         """probs: [k, vocab] float, the full q."""
         return cls(probs, None, probs.shape[-1])
 
-    def __len__(self) -> int:
-        return int(self.values.shape[0])
-
     @property
     def device(self) -> torch.device:
         return self.values.device
