@@ -32,6 +32,7 @@ class BatchModelDrafter(DrafterRows):
         self.model = model
         self.to_probs = to_probs
         self._device = input_device(model)  # a drafter lives for one generate() call: the model stays put
+        self.dtype = model.dtype  # its masks' dtype, read once (HF's ``model.dtype`` walks the parameters)
         self.cache = kv_cache.new_cache(model)
         self.valid = torch.zeros(rows, 0, dtype=torch.bool, device=self.device)  # [B, L] committed slots
         self.seen = [0] * rows  # committed tokens of each row in the cache (the root included)
@@ -54,7 +55,7 @@ class BatchModelDrafter(DrafterRows):
         """tokens, positions: [B, q]; tail_visible: [B, q, c] over this step's last c slots -> [B, q, vocab]."""
         past_len = kv_cache.cache_length(self.cache)
         visible = row_visibility(self.valid, tail_visible, past_len)
-        inputs = batch_forward_inputs(tokens, positions, visible, past_len, self.model.dtype)
+        inputs = batch_forward_inputs(tokens, positions, visible, past_len, self.dtype)
         out = self.model(**inputs.as_kwargs(), **with_cache(self.model, self.cache), use_cache=True, logits_to_keep=0)
         self._forwards += 1
         return out.logits.float()

@@ -202,6 +202,7 @@ def speculative_decode(target, drafter: Drafter | DrafterRows, input_ids: torch.
     timed = any(not isinstance(row.policy, FixedPolicy) for row in rows)  # "auto" learns from device times
     wants_hidden = drafters.wants_hidden_states  # the drafter reads the target's features
     walk = walker(settings, want_rows)
+    dtype = target.dtype  # the verify masks' (read once: HF's ``model.dtype`` walks the parameters)
     batch_steps: list[StepStats] = []
 
     # 0. prefill the target with all prompt columns but the last (every row's root)
@@ -225,7 +226,7 @@ def speculative_decode(target, drafter: Drafter | DrafterRows, input_ids: torch.
 
         # 2. verify: ONE target forward over every row's root and tree
         roots = rows[0].sequence[-1:] if len(rows) == 1 else torch.stack([row.sequence[-1] for row in rows])
-        logits, hidden = target_forward(target, slots.inputs(roots, trees, rows, target.dtype), cache, wants_hidden)
+        logits, hidden = target_forward(target, slots.inputs(roots, trees, rows, dtype), cache, wants_hidden)
         logits = logits.to(roots.device)  # [R, q, vocab], where generate() keeps ids
 
         # 3. walk each row's tree: the target's own token at the root and at each accepted node
