@@ -39,10 +39,11 @@ class ModelDrafter(Drafter):
         self.to_probs = to_probs or softmax
         self.context_length = context_length
         self._device = input_device(model)  # a drafter lives for one generate() call: the model stays put
-        self.dtype = model.dtype  # its tree masks' dtype (HF's ``model.dtype`` walks the parameters: ~35 µs a call)
+        self.dtype = model.dtype  # the tree masks' dtype, read once (HF's ``model.dtype`` walks the parameters)
         self.cache = kv_cache.new_cache(model)
         self.prefix_len = 0  # committed tokens in the cache (the root included)
         self.fed = torch.empty(0, dtype=torch.long, device=self.device)  # [f] pool ids of this step's cache slots, in slot order
+        self.slot_ids = torch.empty(0, dtype=torch.long, device=self.device)  # [L] 0, 1, ...: cache slots are slices
         self.forwards = 0
 
     def bind(self, target, to_probs: ToProbs | None) -> "ModelDrafter":
@@ -98,10 +99,18 @@ class ModelDrafter(Drafter):
             on(ancestors.index_select(1, columns), device),  # [k, f + k]
             self.prefix_len + self.fed.shape[0],
             self.dtype,
+            self._slot_ids(self.prefix_len + self.fed.shape[0] + frontier.shape[0]),
         )
         logits = self._forward(**inputs.as_kwargs())
         self.fed = columns
         return self.to_probs(logits)
+
+    def _slot_ids(self, length: int) -> torch.Tensor:
+        """[≥ length] long 0, 1, ...; remade twice as long when short (one kernel now and then
+        instead of an arange per drafted layer)."""
+        if self.slot_ids.shape[0] < length:
+            self.slot_ids = torch.arange(max(length, 2 * self.slot_ids.shape[0], 256), device=self.device)
+        return self.slot_ids
 
     def commit(self, accepted_pool_ids: list[int]) -> None:
         """Keep the cache slots of the accepted nodes fed this step (a prefix of the path): one

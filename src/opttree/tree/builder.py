@@ -224,8 +224,10 @@ def grow_opt_tree(root_probs: torch.Tensor, config: TreeConfig, max_depth=None, 
     # 1. the first layer: the root's most probable children
     top = torch.topk(root_probs, min(budget, root_probs.shape[0]))
     reading = read_layer([], top.values, budget)
+    capacity = min(budget * depth_cap, POOL_CAPACITY)
     pool = DraftTree.first_layer(top.indices[:reading.positive], top.values[:reading.positive],  # p̂ descending
-                                 capacity=min(budget * depth_cap, POOL_CAPACITY))
+                                 capacity=capacity)
+    pool_ids = None  # [capacity] long 0, 1, ...: made at the first expand; each frontier is a slice of it
     gains, layers = [reading.expected_length], [ExpandedLayer(torch.full((1,), -1, device=device), DraftProbs.dense(root_probs[None]))]
     start, depth = 0, 1 if reading.positive else 0  # the newest layer is pool[start:]
 
@@ -236,7 +238,10 @@ def grow_opt_tree(root_probs: torch.Tensor, config: TreeConfig, max_depth=None, 
             break
         if grow is not None and not grow(LayerState(pool.path_probs, pool.parents, start, k)):
             break
-        frontier = torch.arange(start, start + k, device=device)  # [k] pool ids
+        if pool_ids is None:
+            pool_ids = torch.arange(capacity, device=device)
+        # [k] pool ids
+        frontier = pool_ids[start:start + k] if start + k <= capacity else torch.arange(start, start + k, device=device)
         child_probs = yield pool, frontier  # DraftProbs, k rows
         layers.append(ExpandedLayer(frontier, child_probs))
         rows, tokens, probs = children_of(pool.path_probs[start:start + k], child_probs.to(pool.path_probs.dtype), budget)

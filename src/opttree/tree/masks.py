@@ -52,6 +52,7 @@ def tree_forward_inputs(
     tail_visible: torch.Tensor,  # [q, c] bool, which of the LAST c columns each new token sees
     past_len: int,
     dtype: torch.dtype,
+    slot_ids: torch.Tensor | None = None,  # [≥ past_len + q] long 0, 1, ...: the cache slots are a slice of it
 ) -> ForwardInputs:
     """Inputs for q new tokens that see all cached tokens but the last ``c - q`` of them (earlier
     tree nodes), and of the last c columns (those nodes and the new tokens) what ``tail_visible``
@@ -63,7 +64,7 @@ def tree_forward_inputs(
         input_ids=tokens.unsqueeze(0),
         attention_mask=mask.view(1, 1, q, kv),
         position_ids=positions.unsqueeze(0),
-        cache_position=torch.arange(past_len, kv, device=tokens.device),
+        cache_position=torch.arange(past_len, kv, device=tokens.device) if slot_ids is None else slot_ids[past_len:kv],
     )
 
 
