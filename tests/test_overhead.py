@@ -41,9 +41,10 @@ def test_model_drafter_step_targets(counts):
 def test_feature_head_step(counts):
     step, _ = counts["head", 60]
     assert step.reads <= 30
-    # measured 313: its q stays over its kept tokens (no [k, vocab] scatter), frontiers slices of one arange
-    assert step.kernels <= 320
-    assert step.ops <= 505  # measured 493
+    # measured 300: its q stays over its kept tokens (no [k, vocab] scatter), frontiers slices of one arange,
+    # its predicted features grown by doubling
+    assert step.kernels <= 310
+    assert step.ops <= 505  # measured 489
 
 
 @pytest.mark.parametrize("kind", ["model", "head"])

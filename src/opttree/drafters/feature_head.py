@@ -385,10 +385,11 @@ class FeatureHeadDrafter(Drafter):
         g, new = self._run(features, pool.tokens.index_select(0, frontier), positions, visible)
         self.past = self.past.cat(new)
         self.fed = columns
-        rows = 1 + pool.tokens.shape[0]  # room for every pool node's g
+        rows = 1 + pool.tokens.shape[0]  # room for every pool node's g (twice what is short: not a pad per layer)
         if self.predicted.shape[0] < rows:
-            self.predicted = torch.nn.functional.pad(self.predicted, (0, 0, 0, rows - self.predicted.shape[0]))
-        self.predicted.index_copy_(0, frontier + 1, g)
+            grow = max(rows, 2 * self.predicted.shape[0]) - self.predicted.shape[0]
+            self.predicted = torch.nn.functional.pad(self.predicted, (0, 0, 0, grow))
+        self.predicted[1:].index_copy_(0, frontier, g)  # row 1 + p: pool node p
         return self._probs(g)
 
     def commit(self, accepted_pool_ids: list[int]) -> None:
