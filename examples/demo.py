@@ -26,6 +26,9 @@ import torch
 from transformers import DynamicCache
 
 from opttree import SpeculativeGenerator
+from opttree.distill.draft_dtype import choose_dtype as faster_dtype
+from opttree.distill.draft_dtype import cuda_dtype
+from opttree.distill.dtype_probe import time_rounds
 from opttree.hf.compat import with_cache
 from opttree.hf.fast_linear import weight_major
 from opttree.smollm2 import load_smollm2
@@ -63,34 +66,37 @@ def timed(fn, device: torch.device):
     return out, time.perf_counter() - start
 
 
-def verify_seconds(model, device: torch.device, rounds: int = 3) -> float:
-    """Median seconds of a 1-token and an 8-token forward after a 64-token prefill: what plain
-    decoding and a small tree's verification cost in ``model``'s dtype."""
+def verify_round(model, device: torch.device):
+    """A call that runs what a step of speculation costs the target: a 1-token and an 8-token
+    forward after a 64-token prefix (prefilled once here; each call crops back to it)."""
     ids = (torch.arange(73, device=device) * 7 % model.config.vocab_size)[None]
-    times = []
+    cache = DynamicCache(config=model.config)
     with torch.inference_mode():
-        for _ in range(rounds + 1):  # the first round warms up
-            cache = DynamicCache(config=model.config)
-            model(input_ids=ids[:, :64], **with_cache(model, cache), use_cache=True)
-            start = time.perf_counter()
-            for start_col, width in ((64, 1), (65, 8)):
-                model(input_ids=ids[:, start_col:start_col + width], **with_cache(model, cache), use_cache=True)
-            sync(device)
-            times.append(time.perf_counter() - start)
-    return sorted(times[1:])[len(times[1:]) // 2]
+        model(input_ids=ids[:, :64], **with_cache(model, cache), use_cache=True)
+
+    def run() -> None:
+        with torch.inference_mode():
+            for begin, width in ((64, 1), (65, 8)):
+                model(input_ids=ids[:, begin:begin + width], **with_cache(model, cache), use_cache=True)
+        sync(device)
+        cache.crop(-(cache.get_seq_length() - 64))  # a negative count: what transformers 5.x takes
+
+    return run
 
 
 def choose_dtype(target, device: torch.device, requested: str) -> torch.dtype:
-    """``requested`` as a dtype; "auto": bfloat16 on a GPU that runs it natively, float32 on other
-    GPUs; on a CPU whichever verifies faster here (bfloat16 only when at least 1.15x faster)."""
+    """``requested`` as a dtype; "auto": the rule ``load_draft(..., dtype="auto")`` follows for a
+    draft (opttree.distill.draft_dtype): bfloat16 on a GPU that runs it natively; on a CPU, the two
+    dtypes take turns at :func:`verify_round` and bfloat16 is kept only where it is clearly faster."""
     if requested != "auto":
         return getattr(torch, requested)
     if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float32
-    float32 = verify_seconds(target, device)
-    bfloat16 = verify_seconds(copy.deepcopy(target).to(torch.bfloat16), device)  # a copy: the cast loses bits
-    chosen = torch.bfloat16 if float32 >= 1.15 * bfloat16 else torch.float32
-    print(f"verify probe: float32 {1000 * float32:.0f} ms, bfloat16 {1000 * bfloat16:.0f} ms -> {chosen}")
+        return cuda_dtype(device)
+    bfloat16 = copy.deepcopy(target).to(torch.bfloat16)  # a copy: a cast there and back would change the weights
+    seconds = time_rounds({"float32": verify_round(target, device), "bfloat16": verify_round(bfloat16, device)})
+    chosen = faster_dtype(seconds["float32"], seconds["bfloat16"])
+    print(f"verify probe: float32 {1000 * seconds['float32']:.0f} ms, bfloat16 {1000 * seconds['bfloat16']:.0f} ms"
+          f" -> {chosen}")
     return chosen
 
 
