@@ -99,13 +99,13 @@ class ModelDrafter(Drafter):
             on(ancestors.index_select(1, columns), device),  # [k, f + k]
             self.prefix_len + self.fed.shape[0],
             self.dtype,
-            self._slot_ids(self.prefix_len + self.fed.shape[0] + frontier.shape[0]),
+            self._slots_through(self.prefix_len + self.fed.shape[0] + frontier.shape[0]),
         )
         logits = self._forward(**inputs.as_kwargs())
         self.fed = columns
         return self.to_probs(logits)
 
-    def _slot_ids(self, length: int) -> torch.Tensor:
+    def _slots_through(self, length: int) -> torch.Tensor:
         """[≥ length] long 0, 1, ...; remade twice as long when short (one kernel now and then
         instead of an arange per drafted layer)."""
         if self.slot_ids.shape[0] < length:
