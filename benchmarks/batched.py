@@ -2,7 +2,7 @@
 
 Throughput = new tokens per second summed over the batch's rows (a row's tokens end at its EOS;
 generate()'s pad tokens after it are not counted). Target: SmolLM2-135M-Instruct
-(``opttree.smollm2.load_smollm2()``); draft: ``opttree.distill.load_draft(--draft, target)``;
+(``opttree.smollm2.load_smollm2()``); draft: ``opttree.load_draft(--draft, target)``;
 prompts: the first turns of Spec-Bench questions (``--per-category`` of each task, in turn), left-
 padded per batch. For each batch size the same prompts are cut into batches; plain generate() and
 opttree run on each batch in turn (interleaved), greedy, and every opttree output is checked row by
@@ -81,7 +81,7 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     torch.set_num_threads(args.threads)
 
-    from opttree.distill import load_draft
+    from opttree import load_draft
     from opttree.smollm2 import load_smollm2
 
     target, tokenizer = load_smollm2(args.target)

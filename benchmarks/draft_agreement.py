@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     torch.set_num_threads(args.threads)
 
-    from opttree.distill import load_draft
+    from opttree import load_draft
     from opttree.smollm2 import load_smollm2
 
     target, tokenizer = load_smollm2(args.target)

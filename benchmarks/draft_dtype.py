@@ -1,7 +1,7 @@
 """What ``load_draft(path, target, dtype="auto")`` measures and picks on this machine, for the shipped drafts.
 
 For each draft folder: ``--runs`` probes (each a fresh measurement: ``OPTTREE_CALIBRATION=off``),
-their float32 and bfloat16 times per probe round (:mod:`opttree.distill.dtype_probe`), the ratio,
+their float32 and bfloat16 times per probe round (:mod:`opttree.loading.dtype_probe`), the ratio,
 the choice, and the wall time of the whole ``load_draft(..., dtype="auto")`` call; then one load
 that reads the cached choice (in a temporary calibration folder: the real cache is left alone).
 
@@ -18,9 +18,9 @@ from pathlib import Path
 
 import torch
 
-from opttree.distill import load_draft
-from opttree.distill.draft_dtype import auto_dtype
-from opttree.distill.machine import bf16_flags, cpu_model
+from opttree import load_draft
+from opttree.loading.draft_dtype import auto_dtype
+from opttree.loading.machine import bf16_flags, cpu_model
 from opttree.smollm2 import load_smollm2
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -46,7 +46,7 @@ def first_questions(path: Path, prompts: int) -> list[dict]:
 
 def load_draft(target, folder: Path, fallback_layers: int):
     if (folder / "opttree_draft.json").exists():  # a distilled draft that shares the target's weights
-        from opttree.distill import load_draft as load_distilled
+        from opttree import load_draft as load_distilled
 
         return load_distilled(str(folder), target).eval(), str(folder)
     if (folder / "config.json").exists():

@@ -74,8 +74,8 @@ def main(argv=None) -> None:
     torch.set_num_threads(args.threads)
 
     from opttree import SpeculativeGenerator
-    from opttree.distill import load_draft
-    from opttree.distill.machine import cpu_model
+    from opttree import load_draft
+    from opttree.loading.machine import cpu_model
     from opttree.smollm2 import load_smollm2
 
     dtype = getattr(torch, args.dtype)

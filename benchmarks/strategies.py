@@ -18,7 +18,7 @@ Figure 4; reported for ``opt``). The last lines compare ``auto`` with the best f
 
 ``auto`` calibrates at warm-up (``--calibration refresh``, the default here: measured on this
 machine now, not read from an older cache); its table is printed. Draft: ``--draft PATH`` (a
-distilled draft, loaded with ``opttree.distill.load_draft``); default ``drafts/smollm2-135m-draft``
+distilled draft, loaded with ``opttree.load_draft``); default ``drafts/smollm2-135m-draft``
 if present, else the target's first ``--truncate`` layers (an untrained stand-in — say so).
 """
 
@@ -91,13 +91,13 @@ def questions(path: Path, per_category: int) -> list[dict]:
 
 
 def load_pair(target_path: str, draft_path: str | None, truncate: int):
-    from opttree.distill.model import META_FILE
+    from opttree.loading.files import META_FILE
     from opttree.smollm2 import load_smollm2
 
     target, tokenizer = load_smollm2(target_path)
     path = Path(draft_path) if draft_path else DEFAULT_DRAFT
     if (path / META_FILE).exists():
-        from opttree.distill import load_draft
+        from opttree import load_draft
 
         return target.eval(), load_draft(path, target).eval(), tokenizer, f"distilled draft {path}"
     from opttree.drafters.truncated import truncated_draft

@@ -35,7 +35,7 @@ def forward_ms(model, prefix: int, n: int, reps: int) -> float:
 
 
 def main(argv=None) -> None:
-    from opttree.distill.machine import cpu_model
+    from opttree.loading.machine import cpu_model
     from opttree.smollm2 import load_smollm2
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

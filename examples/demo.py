@@ -26,9 +26,9 @@ import torch
 from transformers import DynamicCache
 
 from opttree import SpeculativeGenerator
-from opttree.distill.draft_dtype import choose_dtype as faster_dtype
-from opttree.distill.draft_dtype import cuda_dtype
-from opttree.distill.dtype_probe import time_rounds
+from opttree.loading.draft_dtype import choose_dtype as faster_dtype
+from opttree.loading.draft_dtype import cuda_dtype
+from opttree.loading.dtype_probe import time_rounds
 from opttree.hf.compat import with_cache
 from opttree.hf.fast_linear import weight_major
 from opttree.smollm2 import load_smollm2
@@ -38,7 +38,7 @@ DRAFTS = Path(__file__).resolve().parents[1] / "drafts"
 
 
 def load_draft(target):
-    from opttree.distill import load_draft as load
+    from opttree import load_draft as load
     from opttree.drafters import MixedDrafter
 
     head = DRAFTS / "smollm2-135m-head"
@@ -86,7 +86,7 @@ def verify_round(model, device: torch.device):
 
 def choose_dtype(target, device: torch.device, requested: str) -> torch.dtype:
     """``requested`` as a dtype; "auto": the rule ``load_draft(..., dtype="auto")`` follows for a
-    draft (opttree.distill.draft_dtype): bfloat16 on a GPU that runs it natively; on a CPU, the two
+    draft (opttree.loading.draft_dtype): bfloat16 on a GPU that runs it natively; on a CPU, the two
     dtypes take turns at :func:`verify_round` and bfloat16 is kept only where it is clearly faster."""
     if requested != "auto":
         return getattr(torch, requested)

@@ -116,14 +116,14 @@ def test_the_drafter_names_the_readme_uses_come_from_opttree_itself():
 
     import opttree
     from opttree import Drafter, MixedDrafter, load_draft
-    from opttree.distill import load_draft as distill_load_draft
     from opttree.drafters import Drafter as BaseDrafter, MixedDrafter as Mixed
+    from opttree.loading import load_draft as runtime_load_draft
 
-    assert (Drafter, MixedDrafter, load_draft) == (BaseDrafter, Mixed, distill_load_draft)
+    assert (Drafter, MixedDrafter, load_draft) == (BaseDrafter, Mixed, runtime_load_draft)
     assert {"Drafter", "MixedDrafter", "load_draft"} <= set(opttree.__all__)
     with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
         opttree.no_such_name
-    # load_draft is lazy: importing opttree does not import the distillation package
+    # load_draft is the runtime's: importing opttree does not import the distillation package
     code = "import sys, opttree; assert 'opttree.distill' not in sys.modules; from opttree import *; print(load_draft)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0 and "load_draft" in done.stdout, done.stderr

@@ -322,9 +322,10 @@ def test_report_describes_a_mixed_feature_head_draft():
 
 
 def test_draft_dtype_auto_is_chosen_and_named_in_the_header(pair, tmp_path, monkeypatch):
-    from opttree.distill import dtype_probe
-    from opttree.distill.dtype_probe import DtypeTimes
-    from opttree.distill.head import new_head, save_head
+    from opttree.loading import dtype_probe
+    from opttree.loading.dtype_probe import DtypeTimes
+    from opttree.distill.head import new_head
+    from opttree.loading.head_file import save_head
 
     target, _ = pair
     monkeypatch.setattr(dtype_probe, "probe_dtypes", lambda model, *a, **k: DtypeTimes(3e-3, 1e-3))  # bf16 3x faster

@@ -16,7 +16,8 @@ from opttree import speculative_generate
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 
-from opttree.distill import ReducedVocabHead, load_draft  # noqa: E402
+from opttree import load_draft
+from opttree.loading.draft_model import ReducedVocabHead  # noqa: E402
 from opttree.distill.cli import main  # noqa: E402
 from opttree.distill.data import DataConfig  # noqa: E402
 from opttree.distill.pipeline import PromptPlan, make_data  # noqa: E402
@@ -132,7 +133,9 @@ def test_draft_tree_logits_match_paths(tmp_path, target_and_tokenizer):
     """With a reduced head, a tree under a 4D mask gives the logits of each root→node path."""
     from transformers import DynamicCache
 
-    from opttree.distill.model import init_draft, save_draft
+    from opttree.distill.model import init_draft
+
+    from opttree.loading.draft_model import save_draft
 
     target, _ = target_and_tokenizer
     draft, meta = init_draft(target, [0, 1], torch.arange(2, 50))

@@ -6,7 +6,7 @@ import torch
 
 from models import peaked, tiny_model
 from opttree import speculative_generate
-from opttree.distill import load_draft
+from opttree import load_draft
 from opttree.distill.features import extract_features, features_of, load_features, unique_sequences
 from opttree.distill.head import new_head
 from opttree.distill.head_train import HeadTrainConfig, fitted_steps, make_batch, train_head, unrolled

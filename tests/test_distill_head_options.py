@@ -8,9 +8,10 @@ import torch
 
 from models import peaked, tiny_model
 from opttree import speculative_generate
-from opttree.distill import load_draft
+from opttree import load_draft
 from opttree.distill.features import features_of
-from opttree.distill.head import grown, new_head, save_head
+from opttree.distill.head import grown, new_head
+from opttree.loading.head_file import save_head
 from opttree.distill.head_train import (HeadTrainConfig, chunks, make_batch, pick_layers, train_head,
                                         unrolled)
 from opttree.drafters.feature_head import HeadConfig

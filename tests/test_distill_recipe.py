@@ -15,7 +15,7 @@ pytest.importorskip("tokenizers")
 
 from test_distill import tiny_target, tiny_tokenizer  # noqa: E402
 
-from opttree.distill import load_draft  # noqa: E402
+from opttree import load_draft  # noqa: E402
 from opttree.distill.cli import main  # noqa: E402
 from opttree.distill.recipe import load_recipe, parse_recipe  # noqa: E402
 from opttree.distill.shards import load_records, sha256  # noqa: E402

@@ -9,12 +9,15 @@ import pytest
 import torch
 
 from models import tiny_model
-from opttree.distill import dtype_probe, load_draft
-from opttree.distill import draft_dtype as dd
-from opttree.distill.draft_dtype import MIN_SPEEDUP, DtypeProbe, choose_dtype
-from opttree.distill.dtype_probe import DtypeTimes, cast_copy, time_rounds
-from opttree.distill.head import new_head, save_head
-from opttree.distill.model import init_draft, save_draft
+from opttree import load_draft
+from opttree.loading import dtype_probe
+from opttree.loading import draft_dtype as dd
+from opttree.loading.draft_dtype import MIN_SPEEDUP, DtypeProbe, choose_dtype
+from opttree.loading.dtype_probe import DtypeTimes, cast_copy, time_rounds
+from opttree.distill.head import new_head
+from opttree.loading.head_file import save_head
+from opttree.distill.model import init_draft
+from opttree.loading.draft_model import save_draft
 
 TWO = (torch.float32, torch.bfloat16)
 
@@ -122,7 +125,7 @@ def test_a_bad_dtype_is_refused_naming_the_accepted_values(head_folder, bad):
 
 def test_auto_probes_once_then_reads_the_cache(head_folder, cache, monkeypatch, caplog):
     target, folder = head_folder
-    caplog.set_level(logging.INFO, logger="opttree.distill.draft_dtype")
+    caplog.set_level(logging.INFO, logger="opttree.loading.draft_dtype")
     head = load_draft(folder, target, dtype="auto")  # the real probe, on this machine
     assert head.fc.weight.dtype in TWO and head.out_weight.dtype == head.fc.weight.dtype
     assert target.get_input_embeddings().weight.dtype == torch.float32  # the target is left as it is
@@ -197,7 +200,7 @@ def test_a_corrupt_or_foreign_cache_file_is_ignored_with_a_warning(head_folder, 
             "NEGATIVE_TIME": json.dumps(dict(good, float32_seconds=-1.0)),
             "NAN_TIME": json.dumps(dict(good, bfloat16_seconds=float("nan")))}.get(junk, junk)
     path.write_text(text)
-    caplog.set_level(logging.WARNING, logger="opttree.distill.draft_dtype")
+    caplog.set_level(logging.WARNING, logger="opttree.loading.draft_dtype")
     head = load_draft(folder, target, dtype="auto")
     assert head.fc.weight.dtype == torch.bfloat16 and probes.calls == 2  # measured again
     assert "ignoring the draft dtype cache" in caplog.text and str(path) in caplog.text
@@ -210,7 +213,7 @@ def test_an_unwritable_cache_folder_only_warns(head_folder, tmp_path, monkeypatc
     blocker.write_text("")
     monkeypatch.setenv("OPTTREE_CALIBRATION_DIR", str(blocker / "calibration"))  # below a file: mkdir fails
     monkeypatch.setattr(dtype_probe, "probe_dtypes", Probes())
-    caplog.set_level(logging.WARNING, logger="opttree.distill.draft_dtype")
+    caplog.set_level(logging.WARNING, logger="opttree.loading.draft_dtype")
     assert load_draft(folder, target, dtype="auto").fc.weight.dtype == torch.bfloat16
     assert "could not write the draft dtype cache" in caplog.text
 

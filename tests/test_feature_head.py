@@ -6,8 +6,9 @@ import torch
 
 from models import peaked, tiny_model
 from opttree import speculative_generate
-from opttree.distill import load_draft
-from opttree.distill.head import new_head, save_head
+from opttree import load_draft
+from opttree.distill.head import new_head
+from opttree.loading.head_file import save_head
 from opttree.drafters.feature_head import FeatureHeadDrafter
 from opttree.tree import DraftTree
 

@@ -168,7 +168,8 @@ def test_an_empty_prompt_gets_an_error_that_names_the_fix():
 
 @pytest.fixture
 def draft_folder(tmp_path):
-    from opttree.distill.model import init_draft, save_draft
+    from opttree.distill.model import init_draft
+    from opttree.loading.draft_model import save_draft
 
     target, _, _ = pair()
     draft, meta = init_draft(target, [0], torch.arange(2, 90))
@@ -184,7 +185,8 @@ def test_a_distilled_draft_folder_is_accepted_as_draft_model(draft_folder):
 
 
 def test_a_distilled_head_folder_is_accepted_as_draft_model(tmp_path):
-    from opttree.distill.head import new_head, save_head
+    from opttree.distill.head import new_head
+    from opttree.loading.head_file import save_head
 
     target, _, ids = pair()
     head, meta = new_head(target, init_layer=0)
@@ -209,7 +211,7 @@ def test_a_distilled_draft_loaded_with_from_pretrained_is_refused(draft_folder):
         speculative(target).generate(ids, max_new_tokens=4, draft_model=broken)
     with pytest.raises(ValueError, match="load_draft"):
         SpeculativeGenerator(target, broken)
-    from opttree.distill import load_draft
+    from opttree import load_draft
 
     good = load_draft(draft_folder, target)  # negative control: the one right way passes the check
     SpeculativeGenerator(target, good)

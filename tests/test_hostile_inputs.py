@@ -17,9 +17,11 @@ from models import peaked, tiny_model
 from opttree import TreeConfig, speculative_generate
 from opttree.budget import calibration
 from opttree.tree import config as config_module
-from opttree.distill import load_draft
-from opttree.distill.head import new_head, save_head
-from opttree.distill.model import init_draft, save_draft
+from opttree import load_draft
+from opttree.distill.head import new_head
+from opttree.loading.head_file import save_head
+from opttree.distill.model import init_draft
+from opttree.loading.draft_model import save_draft
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "opttree"
 SHIPPED = Path(__file__).resolve().parents[1] / "drafts"

@@ -95,17 +95,20 @@ def test_the_checker_finds_a_cycle_hidden_in_a_function(tmp_path):
 
 
 # Each folder of opttree and the folders it may import (its __init__.py says why): the face on top,
-# then the loop, the drafters, the budget and the verifiers, with the tree and hf at the ground.
+# then the loop and the loading of draft folders, the drafters, the budget and the verifiers, with the
+# tree and hf at the ground. Training (distill) imports the runtime, never the reverse.
 MAY_IMPORT = {
-    "integration": {"loop", "budget", "drafters", "verify", "tree", "hf"},
+    "integration": {"loop", "loading", "budget", "drafters", "verify", "tree", "hf"},
     "loop": {"drafters", "verify", "tree", "hf"},
+    "loading": {"drafters", "budget", "tree", "hf"},
     "budget": {"drafters", "tree", "hf"},
-    "drafters": {"tree", "hf", "distill"},  # distill: make.py loads a draft folder (lazily)
+    "drafters": {"tree", "hf"},
     "verify": {"tree"},
     "tools": {"loop", "tree"},
     "tree": set(),
     "hf": set(),
 }
+RUNTIME = ("integration", "loop", "loading", "drafters", "budget", "verify", "tree", "hf")
 
 
 FOLDERS = set(MAY_IMPORT) | {"distill", "bench"}
@@ -132,3 +135,43 @@ def test_each_folder_imports_only_the_folders_below_it():
     # negative control: an arrow back up is caught
     up = {"opttree.tree.builder": {"opttree.loop.rows"}}
     assert wrong_imports(up) == [("opttree.tree.builder", "opttree.loop.rows")]
+
+
+def test_decoding_never_imports_training():
+    """The runtime's folders (and the package's own face) never import opttree.distill; distill
+    imports the runtime (the folders' formats live in opttree.loading)."""
+    graph = import_graph(Path(opttree.__file__).parent)
+    into_distill = sorted((m, t) for m, ts in graph.items() for t in ts
+                          if folder_of(t) == "distill" and folder_of(m) in RUNTIME + ("",))
+    assert into_distill == []
+    assert any(folder_of(t) == "loading" for m, ts in graph.items() if folder_of(m) == "distill" for t in ts)  # control
+    # negative control: an arrow from the runtime into training is caught
+    assert wrong_imports({"opttree.drafters.make": {"opttree.distill.model"}}) == [
+        ("opttree.drafters.make", "opttree.distill.model")]
+
+
+def test_generate_with_a_draft_folder_loads_no_training_module(tmp_path):
+    """A decode from a draft folder, in a fresh process, never imports opttree.distill."""
+    import subprocess
+    import sys
+    code = f"""
+import sys, torch
+from transformers import LlamaConfig, LlamaForCausalLM
+import opttree
+torch.manual_seed(0)
+config = LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+target = LlamaForCausalLM(config).eval()
+from opttree.loading.head_file import HeadMeta, save_head, HEAD_FORMAT
+from opttree.loading.files import embedding_checksum
+from opttree.drafters.feature_head import FeatureHead, HeadConfig
+c = HeadConfig.for_target(target.config)
+head = FeatureHead(c, target.get_input_embeddings(), target.lm_head.weight.detach().float(), torch.arange(c.vocab_size))
+save_head(head, HeadMeta(HEAD_FORMAT, c.to_dict(), None, embedding_checksum(target)), {str(tmp_path)!r})
+gen = opttree.SpeculativeGenerator(target, {str(tmp_path)!r}, nodes=4, threshold=0.0)
+gen.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=4, do_sample=False)
+print(sorted(m for m in sys.modules if m.startswith("opttree.distill")))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]"

@@ -6,7 +6,7 @@ import copy
 import torch
 
 from models import tiny_model
-from opttree.distill.files import embedding_checksum, embedding_matches
+from opttree.loading.files import embedding_checksum, embedding_matches
 
 
 def wide_target(seed=0, centred=True):

@@ -58,7 +58,7 @@ def smollm2():
 def real_draft(smollm2):
     target, _ = smollm2
     if (SHIPPED_DRAFT / "opttree_draft.json").is_file():
-        from opttree.distill import load_draft
+        from opttree import load_draft
 
         return load_draft(SHIPPED_DRAFT, target)
     from opttree.drafters.truncated import truncated_draft
@@ -82,7 +82,7 @@ def test_greedy_equality_with_the_default_tree_and_a_draft_folder(smollm2):
 
 
 def test_greedy_equality_with_the_shipped_feature_head_and_lookup(smollm2):
-    from opttree.distill import load_draft
+    from opttree import load_draft
     from opttree.drafters import MixedDrafter
 
     target, _ = smollm2

@@ -96,7 +96,7 @@ def parser(prog: str = "python -m opttree.bench") -> argparse.ArgumentParser:
     run.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
     run.add_argument("--draft-dtype", default=None, choices=sorted(DTYPES) + ["auto"],
                      help="dtype of --draft (default: --dtype); auto: float32 or bfloat16, whichever a short probe "
-                          "runs faster on this machine (bfloat16 on a GPU that has it; opttree.distill.draft_dtype)")
+                          "runs faster on this machine (bfloat16 on a GPU that has it; opttree.loading.draft_dtype)")
     run.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (auto: cuda if present)")
     run.add_argument("--threads", type=int, default=None, help="torch threads; default: torch's")
     run.add_argument("--seed", type=int, default=0)

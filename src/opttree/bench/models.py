@@ -2,24 +2,23 @@
 
 target: ``smollm2`` (the default: SmolLM2-135M-Instruct via :func:`opttree.smollm2.load_smollm2`),
 a folder holding SmolLM2's GGUF file, or anything ``from_pretrained`` takes.
-draft: a folder written by ``opttree distill`` (loaded with :func:`opttree.distill.load_draft`,
+draft: a folder written by ``opttree distill`` (loaded with :func:`opttree.load_draft`,
 which completes it from the target), any other ``from_pretrained`` folder, or ``truncated:N``: a
 copy of the target's first N layers (untrained, hence weak; for when no draft exists). Its dtype
 may be ``"auto"``: float32 or bfloat16, whichever runs it faster here
-(:mod:`opttree.distill.draft_dtype`; measured again on each run but for a distilled folder).
+(:mod:`opttree.loading.draft_dtype`; measured again on each run but for a distilled folder).
 """
 
 from __future__ import annotations
 
 import copy
-import logging
 from pathlib import Path
 
 import torch
 
-logger = logging.getLogger(__name__)
-
-DISTILLED_META = "opttree_draft.json"  # opttree.distill's metadata file (checked without importing it)
+from ..loading import load_draft
+from ..loading.draft_dtype import in_dtype
+from ..loading.files import META_FILE
 
 
 def load_target(spec: str = "smollm2", dtype: torch.dtype = torch.float32, device: str = "cpu"):
@@ -62,27 +61,19 @@ def load_draft_model(spec: str | None, target, dtype: torch.dtype | str = torch.
     ``"auto"``), or None."""
     if not spec or spec == "none":
         return None
-    auto = isinstance(dtype, str)  # "auto": loaded in float32, then maybe cast (distill.draft_dtype)
+    auto = isinstance(dtype, str)  # "auto": loaded in float32, then maybe cast (loading.draft_dtype)
     if spec.startswith("truncated:"):
         draft = truncated_copy(target, int(spec.split(":", 1)[1]))
         draft = draft.to(device=device, dtype=torch.float32 if auto else dtype)
     else:
         path = Path(spec)
-        if (path / DISTILLED_META).is_file():
-            try:
-                from ..distill import load_draft
-            except ImportError as error:
-                logger.warning("%s looks like an opttree distilled draft but opttree.distill is unavailable (%s); "
-                               "loading it with from_pretrained", spec, error)
-            else:
-                return load_draft(path, target, dtype=dtype).to(device).eval()
+        if (path / META_FILE).is_file():
+            return load_draft(path, target, dtype=dtype).to(device).eval()
         from transformers import AutoModelForCausalLM
 
         draft = AutoModelForCausalLM.from_pretrained(spec, dtype=torch.float32 if auto else dtype,
                                                      attn_implementation="sdpa").to(device).eval()
     if auto:
-        from ..distill.draft_dtype import in_dtype
-
         draft = in_dtype(draft, dtype, target)
     return draft
 

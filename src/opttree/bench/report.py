@@ -25,7 +25,7 @@ import torch
 
 from ..drafters.mixed import MixedDrafter
 from ..tools.ties import TIE_EPS_MULTIPLE, Outcome
-from ..distill.machine import cpu_model
+from ..loading.machine import cpu_model
 from .plots import write_plots
 from .records import ALL, REFERENCE, Summary, TurnRecord, summarise
 

@@ -4,15 +4,22 @@ Pipeline: :mod:`.prompts` / :mod:`.sources` (self-made prompts, long-document ta
 teacher-forced texts from the machine) → :mod:`.data` (the target's greedy answers and top-k
 logits, cached and resumable) → :mod:`.features` (the target's hidden states, for a feature head)
 → :mod:`.head_train` (an EAGLE-style head, :mod:`.head`) or :mod:`.train` (an independent draft,
-:mod:`.model`) → :func:`load_draft`. :mod:`.recipe` / :mod:`.recipe_run`: the whole of it from one
-recipe file (``opttree distill --recipe``), in the precision measured fastest on the machine
-(:mod:`.precision`), training resumable by optimizer step (:mod:`.checkpoint`). ``load_draft(...,
-dtype="auto")`` runs a draft in the dtype measured fastest (:mod:`.draft_dtype`, :mod:`.dtype_probe`); both
-probes time their candidates taking turns (:mod:`.turns`). Cache shards are
-safetensors (:mod:`.shards`); :mod:`.depths` and :mod:`.coverage` measure agreement along an
-accepted path and the kept vocabulary.
+:mod:`.model`) → a draft folder, which :func:`opttree.load_draft` loads. :mod:`.recipe` /
+:mod:`.recipe_run`: the whole of it from one recipe file (``opttree distill --recipe``), in the
+precision measured fastest on the machine (:mod:`.precision`), training resumable by optimizer step
+(:mod:`.checkpoint`). Cache shards are safetensors (:mod:`.shards`); :mod:`.depths` and
+:mod:`.coverage` measure agreement along an accepted path and the kept vocabulary.
+
+Training writes the runtime's formats and imports :mod:`opttree.loading` (the folders' files, the
+machine, the timing in turns); nothing of the runtime imports this package. What lived here before
+(``load_draft``, ``draft_dtype``, ``dtype_probe``, ``files``, ``machine``, ``turns``) still answers
+under its old path for one release, with a DeprecationWarning naming the new one.
 """
 
-from .model import ReducedVocabHead, init_draft, load_draft, save_draft
+from ..loading.moved import moved_names
+from .model import init_draft
 
-__all__ = ["ReducedVocabHead", "init_draft", "load_draft", "save_draft"]
+__getattr__ = moved_names(__name__, "opttree.loading", ("load_draft",),
+                          also={"ReducedVocabHead": "opttree.loading.draft_model", "save_draft": "opttree.loading.draft_model"})
+
+__all__ = ["init_draft"]

@@ -20,7 +20,7 @@ of a few of the target's layers (:mod:`opttree.distill.train`).
 trains on what is cached (for a head, it first caches the target's features of those answers);
 ``all`` (default) does both. Generation is resumable: run the same
 command again after an interruption. Load the result with
-``opttree.distill.load_draft(out_dir, target)`` (or pass the folder: ``draft_model=out_dir``).
+``opttree.load_draft(out_dir, target)`` (or pass the folder: ``draft_model=out_dir``).
 
 How long (measured with `--stage probe`, SmolLM2-135M, one thread, another job on the second core):
 on an AMD EPYC with AVX512-BF16, target features 430-470 tokens/s in bf16 and about 290 in fp32,

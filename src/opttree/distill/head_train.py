@@ -50,7 +50,8 @@ from .head_data import (FeatureBatch, answer_start, chunks, make_batch, pick_lay
                         pieces, token_batches)
 from .checkpoint import (TrainState, capture_rng, load_optimizer_tensors, load_train_state, optimizer_tensors,
                          restore_rng, rng_from_json, rng_to_json, save_train_state)
-from .head import HeadMeta, continued_head, grown, new_head, save_head, widened
+from ..loading.head_file import HeadMeta, save_head
+from .head import continued_head, grown, new_head, widened
 from .shards import sha256
 from .train import kept_tokens, lr_at, ranked_tokens, soft_hard_loss, split_records
 

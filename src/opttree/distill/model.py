@@ -1,213 +1,34 @@
-"""The draft model: a few of the target's own layers, its frozen embedding, a reduced head.
-
-Architecture (a plain ``transformers.LlamaForCausalLM`` with ``lm_head`` replaced):
-
-- ``model.embed_tokens``: the target's input embedding, FROZEN and shared (never saved);
-- ``model.layers``: ``len(init_layers)`` decoder layers, initialised from the target's layers
-  ``init_layers`` and trained;
-- ``model.norm``: the target's final norm, trained;
-- ``lm_head``: :class:`ReducedVocabHead` — logits only for the K tokens the target actually
-  emits (rows of the target's tied embedding, frozen, plus a trained bias), scattered into a
-  full-vocabulary tensor filled with ``finfo.min``. The draft therefore still returns
-  ``[batch, q, vocab_size]`` logits and works with 4D tree masks like any HF causal LM, at a
-  fraction of the cost of the full 49152-row head.
-
-Saved files (see :func:`save_draft`): ``config.json`` (the draft's LlamaConfig),
-``opttree_draft.json`` (what to take from the target) and ``model.safetensors`` holding only
-what cannot be rebuilt from the target: the layers, the norm, the head's bias and token ids.
-:func:`load_draft` rebuilds the rest from the target it is given.
+"""A new draft model to train: some of the target's layers copied, a kept vocabulary
+(:func:`init_draft`). Its folder's format (save, load) and its modules are the runtime's:
+:mod:`opttree.loading.draft_model`.
 """
 
 from __future__ import annotations
 
-import json
-import logging
-from dataclasses import asdict, dataclass
-from pathlib import Path
-
 import torch
-from torch import nn
 
-from .draft_dtype import check_dtype, in_dtype
-from .files import (COUNT, INDEXES, META_FILE, NUMBER, TEXT, WEIGHTS_FILE, check_format, embedding_checksum, embedding_matches,
-                    first_problem, parse_meta, read_meta, read_weights, weights_mismatch)
-from .head import HEAD_FORMAT, load_head
-
-logger = logging.getLogger(__name__)
-
-FORMAT = "opttree-reduced-vocab-draft/1"
-
-
-class ReducedVocabHead(nn.Module):
-    """Output head over K of the V vocabulary tokens.
-
-    ``weight`` [K, H] (frozen rows of the target's output embedding), ``bias`` [K] (trained),
-    ``token_ids`` [K] long (the full-vocabulary id of each row).
-    """
-
-    def __init__(self, weight: torch.Tensor, token_ids: torch.Tensor, vocab_size: int):
-        super().__init__()
-        self.weight = nn.Parameter(weight.detach().clone(), requires_grad=False)  # [K, H]
-        self.bias = nn.Parameter(torch.zeros(weight.shape[0], dtype=weight.dtype))  # [K]
-        self.register_buffer("token_ids", token_ids.to(torch.long), persistent=True)  # [K]
-        self.vocab_size = vocab_size
-
-    def reduced_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """``hidden`` [..., H] → logits over the K kept tokens [..., K]."""
-        return nn.functional.linear(hidden, self.weight, self.bias)
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        """``hidden`` [..., H] → full-vocabulary logits [..., V]; dropped tokens get finfo.min."""
-        small = self.reduced_logits(hidden)  # [..., K]
-        full = small.new_full((*small.shape[:-1], self.vocab_size), torch.finfo(small.dtype).min)
-        return full.index_copy_(-1, self.token_ids, small)  # [..., V]
-
-
-@dataclass(frozen=True)
-class DraftMeta:
-    """What :func:`load_draft` must take from the target to complete a saved draft."""
-
-    format: str
-    init_layers: list[int]
-    num_kept_tokens: int
-    target_vocab_size: int
-    target_hidden_size: int
-    target_embedding_checksum: float
-    target_name: str = ""
-
-
-# what each key of a draft's META_FILE must hold
-META_KINDS = {"format": TEXT, "init_layers": INDEXES, "num_kept_tokens": COUNT, "target_vocab_size": COUNT,
-              "target_hidden_size": COUNT, "target_embedding_checksum": NUMBER, "target_name": TEXT}
-
-
-def draft_config(target_config, num_layers: int):
-    """The draft's LlamaConfig: the target's shapes with ``num_layers`` layers, untied head."""
-    from transformers import LlamaConfig
-
-    values = target_config.to_dict()
-    for key in ("quantization_config", "_name_or_path", "architectures", "auto_map", "layer_types"):
-        values.pop(key, None)
-    values.update(num_hidden_layers=num_layers, tie_word_embeddings=False, model_type="llama")
-    config = LlamaConfig(**values)
-    config._attn_implementation = "sdpa"
-    return config
-
-
-def build_draft(target, meta: DraftMeta, config=None, token_ids: torch.Tensor | None = None):
-    """A draft wired to ``target``: shared frozen embedding, head rows from the embedding.
-
-    ``config`` defaults to :func:`draft_config`; ``token_ids`` [K] (the kept tokens) must be
-    given unless the caller loads them from a checkpoint right after.
-    """
-    from transformers import LlamaForCausalLM
-
-    config = config or draft_config(target.config, len(meta.init_layers))
-    embed = target.get_input_embeddings()
-    draft = LlamaForCausalLM(config).to(embed.weight.dtype)
-    draft.model.embed_tokens = embed  # shared with the target, frozen below
-    ids = token_ids if token_ids is not None else torch.arange(meta.num_kept_tokens)
-    output = target.get_output_embeddings().weight  # [V, H] (tied to embed on SmolLM2)
-    draft.lm_head = ReducedVocabHead(output[ids], ids, config.vocab_size)
-    draft.model.embed_tokens.weight.requires_grad_(False)
-    return draft
+from ..loading import draft_model, files
+from ..loading.moved import moved_names
 
 
 def init_draft(target, init_layers: list[int], token_ids: torch.Tensor):
     """A new draft: target layers ``init_layers`` copied, kept vocabulary ``token_ids`` [K]."""
-    meta = DraftMeta(
-        format=FORMAT, init_layers=list(init_layers), num_kept_tokens=int(token_ids.numel()),
+    meta = draft_model.DraftMeta(
+        format=draft_model.FORMAT, init_layers=list(init_layers), num_kept_tokens=int(token_ids.numel()),
         target_vocab_size=target.config.vocab_size, target_hidden_size=target.config.hidden_size,
-        target_embedding_checksum=embedding_checksum(target),
+        target_embedding_checksum=files.embedding_checksum(target),
         target_name=str(getattr(target.config, "_name_or_path", "")),
     )
-    draft = build_draft(target, meta, token_ids=token_ids)
+    draft = draft_model.build_draft(target, meta, token_ids=token_ids)
     for j, i in enumerate(init_layers):
         draft.model.layers[j].load_state_dict(target.model.layers[i].state_dict())
     draft.model.norm.load_state_dict(target.model.norm.state_dict())
     return draft, meta
 
 
-def trainable_state(draft) -> dict[str, torch.Tensor]:
-    """The tensors that a saved draft stores (everything but what the target provides)."""
-    state = {}
-    for name, tensor in draft.state_dict().items():
-        if name.startswith("model.embed_tokens") or name == "lm_head.weight":
-            continue
-        state[name] = tensor
-    return state
+# names that lived here before the runtime's loading moved to opttree.loading (one release)
+__getattr__ = moved_names(__name__, "opttree.loading.draft_model", (
+    "FORMAT", "META_FILE", "META_KINDS", "WEIGHTS_FILE", "DraftMeta", "ReducedVocabHead", "build_draft", "draft_config",
+    "save_draft", "trainable_state"), also={"load_draft": "opttree.loading"})
 
-
-def save_draft(draft, meta: DraftMeta, path: str | Path, dtype: torch.dtype | None = None) -> Path:
-    """Write config.json, opttree_draft.json and model.safetensors (new weights only)."""
-    from safetensors.torch import save_file
-
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    draft.config.save_pretrained(path)
-    (path / META_FILE).write_text(json.dumps(asdict(meta), indent=2) + "\n")
-    state = {}
-    for name, tensor in trainable_state(draft).items():
-        cast = dtype is not None and tensor.is_floating_point()
-        state[name] = (tensor.to(dtype) if cast else tensor).detach().contiguous().cpu()
-    save_file(state, str(path / WEIGHTS_FILE), metadata={"format": FORMAT})
-    return path
-
-
-def load_draft(path: str | Path, target, dtype: torch.dtype | str | None = None):
-    """Load a draft saved by :func:`save_draft` (or a feature head saved by
-    :func:`opttree.distill.head.save_head`, returned as a FeatureHead), completing it from ``target``.
-
-    The draft shares the target's input embedding and rebuilds its head rows from the target's
-    output embedding, so ``target`` must be the model the draft was distilled from (a mismatch
-    is logged as a warning). Returns an eval-mode ``LlamaForCausalLM`` with
-    ``config._attn_implementation == "sdpa"``, or a FeatureHead, in ``dtype``:
-
-    - None: a draft model in the target's dtype, a feature head in float32;
-    - a floating torch.dtype: that one (a draft model in another dtype than the target's gets its
-      own copy of the embedding; the target's is left as it is);
-    - ``"auto"``: float32 or bfloat16, whichever a short probe runs faster on this machine
-      (bfloat16 on a GPU that has it), cached per draft folder and machine; see
-      :mod:`opttree.distill.draft_dtype`.
-
-    Anything else is a ValueError naming these.
-    """
-    from transformers import LlamaConfig
-
-    dtype = check_dtype(dtype)
-    path = Path(path)
-    data = read_meta(path)
-    if data.get("format") == HEAD_FORMAT:  # an EAGLE-style feature head (opttree.distill.head)
-        return in_dtype(load_head(path, target), dtype, target, path)
-    meta = parse_meta(DraftMeta, data, META_KINDS, str(path / META_FILE))
-    check_format(meta.format, (FORMAT, HEAD_FORMAT), path)
-    if (meta.target_vocab_size, meta.target_hidden_size) != (
-        target.config.vocab_size, target.config.hidden_size
-    ):
-        raise ValueError(
-            f"{path} was distilled from a target with vocab {meta.target_vocab_size} and hidden "
-            f"size {meta.target_hidden_size}; this target has {target.config.vocab_size} and "
-            f"{target.config.hidden_size}"
-        )
-    if not embedding_matches(target, meta.target_embedding_checksum):
-        logger.warning("%s: the target's embedding differs from the one it was distilled from", path)
-    config = LlamaConfig.from_pretrained(path)
-    config._attn_implementation = "sdpa"
-    state = read_weights(path)
-    ids = state.get("lm_head.token_ids")
-    if ids is None or ids.dim() != 1 or len(ids) == 0 or int(ids.min()) < 0 or int(ids.max()) >= config.vocab_size:
-        raise weights_mismatch(path, f"'lm_head.token_ids' must list kept tokens of the {config.vocab_size}-token "
-                                     "vocabulary")
-    draft = build_draft(target, meta, config=config, token_ids=ids)
-    target_dtype = target.get_input_embeddings().weight.dtype
-    try:
-        missing, unexpected = draft.load_state_dict(
-            {k: v.to(target_dtype) if v.is_floating_point() else v for k, v in state.items()},
-            strict=False,
-        )
-    except RuntimeError as error:  # shapes that config.json does not describe
-        raise weights_mismatch(path, first_problem(error)) from None
-    missing = [m for m in missing if not (m.startswith("model.embed_tokens") or m == "lm_head.weight")]
-    if missing or unexpected:
-        raise weights_mismatch(path, f"missing {missing}, unexpected {unexpected}")
-    return in_dtype(draft.eval(), dtype, target, path)
+__all__ = ["init_draft"]

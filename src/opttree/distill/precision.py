@@ -33,8 +33,8 @@ from typing import Callable
 
 import torch
 
-from .machine import bf16_flags, cpu_model, machine_name  # noqa: F401 (their home before machine.py)
-from .turns import take_turns
+from ..loading.machine import bf16_flags, cpu_model, machine_name  # noqa: F401 (their home before machine.py)
+from ..loading.turns import take_turns
 
 logger = logging.getLogger("opttree.distill")
 

@@ -24,7 +24,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .model import DraftMeta, init_draft, save_draft
+from ..loading.draft_model import DraftMeta, save_draft
+from .model import init_draft
 
 logger = logging.getLogger(__name__)
 

@@ -6,18 +6,16 @@
   :mod:`.mixed`: two drafters as one; :mod:`.truncated`: a stand-in draft cut from the target;
 * :mod:`.make`: ``draft_model=`` -> a drafter, and the checks of a draft model against its target.
 
-May import: :mod:`opttree.tree`, :mod:`opttree.hf`; and, lazily, :func:`opttree.distill.load_draft`
-(``make.py`` loads a draft folder written by ``opttree distill``, the one import up the house).
-Imported by the loop, the budget's calibration and the face.
+May import: :mod:`opttree.tree`, :mod:`opttree.hf`. A draft folder is loaded above, by
+:mod:`opttree.loading`. Imported by the loop, the budget's calibration, the loading and the face.
 """
 
 from __future__ import annotations
 
 from .base import Drafter, DrafterRows
-from .make import DRAFT_META, load_if_path, make_drafter
+from .make import make_drafter
 from .mixed import MixedDrafter
 from .model import ModelDrafter
 from .ngram import PromptLookupDrafter
 
-__all__ = ["DRAFT_META", "Drafter", "DrafterRows", "MixedDrafter", "ModelDrafter", "PromptLookupDrafter", "load_if_path",
-           "make_drafter"]
+__all__ = ["Drafter", "DrafterRows", "MixedDrafter", "ModelDrafter", "PromptLookupDrafter", "make_drafter"]

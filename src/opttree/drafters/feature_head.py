@@ -277,7 +277,7 @@ class FeatureHead(nn.Module):
             raise ValueError(
                 f"this feature head was made for a target with hidden size {self.c.hidden_size} and "
                 f"vocabulary {self.c.vocab_size}, but the target has {config.hidden_size} and "
-                f"{config.vocab_size}; load the head with opttree.distill.load_draft(path, target) "
+                f"{config.vocab_size}; load the head with opttree.load_draft(path, target) "
                 "for the target it was trained on, or train one with `opttree distill --kind head`"
             )
 

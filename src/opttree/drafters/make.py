@@ -1,10 +1,9 @@
-"""``draft_model=`` -> the drafter one generate() call uses (any form the README lists), and the checks
-of a draft model against its target (a draft folder of ``opttree distill`` loaded the wrong way included)."""
+"""``draft_model=`` -> the drafter one generate() call uses (any form the README lists, a draft folder
+once :func:`opttree.loading.prepare_draft` has loaded it), and the checks of a draft model against its target."""
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import torch
 
@@ -13,24 +12,6 @@ from .base import Drafter, ToProbs
 from .feature_head import FeatureHead, FeatureHeadDrafter
 from .model import ModelDrafter
 from .ngram import PromptLookupDrafter
-
-DRAFT_META = "opttree_draft.json"  # what `opttree distill` writes into every draft folder
-
-
-def load_if_path(draft, target):
-    """``draft_model=`` given as a folder written by ``opttree distill`` (a str or a Path): the draft
-    loaded with :func:`opttree.distill.load_draft` (completed from ``target``). Anything else as is."""
-    if not isinstance(draft, (str, os.PathLike)) or draft == "prompt_lookup":
-        return draft
-    if (Path(draft) / DRAFT_META).is_file():
-        from ..distill import load_draft
-
-        return load_draft(draft, target)
-    raise ValueError(
-        f"draft_model={str(draft)!r}: a string must be 'prompt_lookup' or a folder written by `opttree distill` "
-        f"(it holds {DRAFT_META}); load any other draft yourself and pass the model, e.g. "
-        "AutoModelForCausalLM.from_pretrained(path, attn_implementation='sdpa')"
-    )
 
 
 def is_draft_model(draft) -> bool:
@@ -41,12 +22,15 @@ def is_draft_model(draft) -> bool:
 
 def make_drafter(draft, target, to_probs: ToProbs | None = None) -> Drafter:
     """What ``draft_model=`` may be: a causal LM sharing the target's vocabulary, ``"prompt_lookup"``
-    (model-free n-gram drafting), a folder written by ``opttree distill``, a feature head, or a
-    :class:`~opttree.drafters.base.Drafter` (bound afresh with :meth:`Drafter.bind` for each call).
+    (model-free n-gram drafting), a feature head, or a :class:`~opttree.drafters.base.Drafter` (bound
+    afresh with :meth:`Drafter.bind` for each call). A folder written by ``opttree distill`` is loaded
+    before (:func:`opttree.loading.prepare_draft`, which every entry point calls).
     to_probs: with sampling, the warpers' draft logits -> q (see Drafter.bind); None: greedy."""
-    draft = load_if_path(draft, target)
-    if isinstance(draft, str) and draft == "prompt_lookup":
-        return PromptLookupDrafter().bind(target, to_probs)
+    if isinstance(draft, (str, os.PathLike)):
+        if draft == "prompt_lookup":
+            return PromptLookupDrafter().bind(target, to_probs)
+        raise ValueError(f"draft_model={str(draft)!r}: a string must be 'prompt_lookup'; load a draft folder "
+                         "first with opttree.load_draft(path, target) and pass what it returns")
     if isinstance(draft, Drafter):
         return draft.bind(target, to_probs)
     if isinstance(draft, FeatureHead):
@@ -54,7 +38,7 @@ def make_drafter(draft, target, to_probs: ToProbs | None = None) -> Drafter:
     if not is_draft_model(draft):
         raise TypeError(
             f"draft_model= got a {type(draft).__name__}; it takes a causal LM with the target's vocabulary, "
-            "'prompt_lookup', a folder written by `opttree distill`, or a subclass of opttree.drafters.Drafter "
+            "'prompt_lookup', a folder written by `opttree distill` (loaded with opttree.load_draft), or a subclass of opttree.drafters.Drafter "
             "(a drafter of your own must subclass Drafter: see its docstring)"
         )
     check_pair(target, draft)
@@ -65,7 +49,6 @@ def check_pair(target, draft, tokenizer=None, draft_tokenizer=None) -> None:
     """The draft must share the target's vocabulary and both must accept tree masks."""
     if getattr(target.config, "is_encoder_decoder", False) or getattr(draft.config, "is_encoder_decoder", False):
         raise NotImplementedError("opttree supports decoder-only causal LMs; encoder-decoder models are not supported")
-    check_assembled_draft(draft)
     check_attention(target, "target")
     check_attention(draft, "draft")
     t, d = vocab_size(target), vocab_size(draft)
@@ -80,20 +63,3 @@ def check_pair(target, draft, tokenizer=None, draft_tokenizer=None) -> None:
             "the draft's tokenizer maps tokens to different ids than the target's; "
             "the draft must use the target's tokenizer"
         )
-
-
-def check_assembled_draft(draft) -> None:
-    """A draft saved by ``opttree distill`` stores only its own weights: loaded with from_pretrained,
-    its embedding and output head stay random (it then runs, but drafts noise). Refuse it."""
-    from ..distill.model import META_FILE, ReducedVocabHead
-
-    source = str(draft.config.name_or_path or "")
-    if not source or not (Path(source) / META_FILE).is_file():
-        return
-    if isinstance(draft.get_output_embeddings(), ReducedVocabHead):
-        return
-    raise ValueError(
-        f"{source} is an opttree draft: it takes its embedding and output rows from the target, so "
-        "from_pretrained() leaves them random. Load it with opttree.distill.load_draft(path, target), "
-        "or pass the folder itself: draft_model=path"
-    )

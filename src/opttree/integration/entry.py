@@ -12,12 +12,13 @@ import torch
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from ..budget import calibration
-from ..drafters import load_if_path, make_drafter
+from ..drafters import make_drafter
 from ..drafters.make import check_pair, is_draft_model
 from ..hf import kv_cache
 from ..hf.compat import cache_from_generate, output_cache, streamer_kept_by_generate
 from ..hf.fast_linear import weight_major
 from ..hf.validation import check_generation_mode, check_inputs, context_length
+from ..loading import prepare_draft
 from ..loop.generation import DecodeSettings, speculative_decode
 from ..loop.stats import GenerationStats
 from ..tree.config import TreeConfig
@@ -40,7 +41,7 @@ def _decode(model, draft_model, given: dict, input_ids, logits_processor, stoppi
         raise ValueError("speculative generation needs draft_model=<a small causal LM with the target's vocabulary>")
     TreeConfig(**given)  # bad settings fail before anything is loaded
     check_generation_mode(generation_config)
-    draft_model = load_if_path(draft_model, model)  # a draft folder: loaded once for this call
+    draft_model = prepare_draft(draft_model, model)  # a draft folder: loaded once for this call
     sampling = bool(generation_config.do_sample)
     to_probs = draft_to_probs(logits_processor) if sampling else None  # the tree sees the q the verifier sees
     drafter = make_drafter(draft_model, model, to_probs)
@@ -242,7 +243,7 @@ class SpeculativeGenerator:
 
     def __init__(self, target, draft, nodes=None, threshold=None, max_depth=None, strategy=None, verifier=None,
                  static_tree=None, tokenizer=None, draft_tokenizer=None, generator: torch.Generator | None = None):
-        draft = load_if_path(draft, target)
+        draft = prepare_draft(draft, target)
         if is_draft_model(draft):
             check_pair(target, draft, tokenizer, draft_tokenizer)
         self.target = target

@@ -1,0 +1,20 @@
+"""Loading: a draft folder written by ``opttree distill`` made ready to decode, apart from training.
+
+* :mod:`.load`: :func:`load_draft` (either kind of folder, in the dtype asked for) and
+  :func:`prepare_draft` (what ``draft_model=`` holds, folders loaded, before a drafter is made);
+* :mod:`.files`: what a draft folder holds and the checks that turn a junk file into a ValueError;
+  :mod:`.draft_model` (a draft model: ``ReducedVocabHead``, save and load) and :mod:`.head_file`
+  (a feature head: save and load) are the two formats;
+* :mod:`.draft_dtype`: ``dtype="auto"``, the draft in the dtype measured fastest here, cached per
+  folder and machine; :mod:`.dtype_probe` times it as decoding runs it, the candidates taking
+  turns (:mod:`.turns`); :mod:`.machine` names the machine a timing was taken on;
+* :mod:`.moved`: the old ``opttree.distill`` paths of all this, which warn for one release.
+
+May import: :mod:`opttree.drafters`, :mod:`opttree.budget` (the calibration cache's folder),
+:mod:`opttree.tree`, :mod:`opttree.hf`. Imported by the face (:mod:`opttree.integration`), by
+``opttree distill`` (training writes these formats) and by ``opttree bench``; never by the loop.
+"""
+
+from .load import load_draft, prepare_draft
+
+__all__ = ["load_draft", "prepare_draft"]

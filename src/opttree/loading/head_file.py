@@ -1,0 +1,102 @@
+"""A :class:`~opttree.drafters.feature_head.FeatureHead`'s folder (EAGLE-style draft): save and load.
+
+A saved head is a folder with ``opttree_draft.json`` (format tag, shapes, target fingerprint) and
+``model.safetensors`` holding only what the target cannot rebuild: fc, the layer, the norm, the
+output bias and the kept token ids. The embedding and the output rows come from the target at
+load time (:func:`load_head`, or :func:`opttree.loading.load_draft` which dispatches on the
+format). Training makes a head with :func:`opttree.distill.head.new_head`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from ..drafters.feature_head import FeatureHead, HeadConfig
+from .files import (COUNT, INDEX_OR_NULL, INTEGERS, META_FILE, NUMBER, OBJECT, POSITIVE, TEXT, WEIGHTS_FILE,
+                    check_format, embedding_matches, first_problem, parse_meta, read_meta, read_weights, weights_mismatch)
+
+logger = logging.getLogger(__name__)
+
+HEAD_FORMAT = "opttree-feature-head/1"
+
+
+@dataclass(frozen=True)
+class HeadMeta:
+    format: str
+    config: dict  # HeadConfig fields
+    init_layer: int | None
+    target_embedding_checksum: float
+    target_name: str = ""
+
+
+# what each key of a head's META_FILE (and of its "config" object) must hold
+META_KINDS = {"format": TEXT, "config": OBJECT, "init_layer": INDEX_OR_NULL, "target_embedding_checksum": NUMBER,
+              "target_name": TEXT}
+CONFIG_KINDS = {"hidden_size": COUNT, "num_heads": COUNT, "num_kv_heads": COUNT, "head_dim": COUNT,
+                "intermediate_size": COUNT, "vocab_size": COUNT, "rms_eps": POSITIVE, "rope_theta": POSITIVE,
+                "num_layers": COUNT, "feature_layers": INTEGERS}
+
+
+def output_rows(target, token_ids: torch.Tensor) -> torch.Tensor:
+    """Rows [K, H] of the target's output embedding for ``token_ids`` [K]."""
+    head = target.get_output_embeddings()
+    if head is None or getattr(head, "weight", None) is None:
+        raise ValueError("a feature head needs a target with an output embedding (lm_head) to share")
+    return head.weight[token_ids.to(head.weight.device)].detach().float().cpu()
+
+
+def save_head(head: FeatureHead, meta: HeadMeta, path: str | Path, dtype: torch.dtype = torch.float16) -> Path:
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / META_FILE).write_text(json.dumps(asdict(meta), indent=2) + "\n")
+    state = {k: (v.to(dtype) if v.is_floating_point() else v).detach().contiguous().cpu()
+             for k, v in head.state_dict().items()}
+    save_file(state, str(path / WEIGHTS_FILE), metadata={"format": HEAD_FORMAT})
+    return path
+
+
+def is_head(path: str | Path) -> bool:
+    """Whether ``path`` is a saved head (by its META_FILE's format; ValueError if that file is junk)."""
+    path = Path(path)
+    return (path / META_FILE).is_file() and read_meta(path).get("format") == HEAD_FORMAT
+
+
+def read_head_meta(path: Path) -> tuple[HeadMeta, HeadConfig]:
+    """A saved head's metadata and shapes, every key checked (ValueError naming the file)."""
+    meta = parse_meta(HeadMeta, read_meta(path), META_KINDS, str(path / META_FILE))
+    check_format(meta.format, (HEAD_FORMAT,), path)
+    return meta, parse_meta(HeadConfig, meta.config, CONFIG_KINDS, f"{path / META_FILE} ('config')")
+
+
+def load_head(path: str | Path, target) -> FeatureHead:
+    """A saved head completed from ``target`` (its embedding and output rows), eval, float32,
+    on the device of the target's input embedding."""
+    path = Path(path)
+    meta, c = read_head_meta(path)
+    config = target.config.get_text_config() if hasattr(target.config, "get_text_config") else target.config
+    if (config.hidden_size, config.vocab_size) != (c.hidden_size, c.vocab_size):
+        raise ValueError(
+            f"{path} is a feature head for a target with hidden size {c.hidden_size} and vocabulary "
+            f"{c.vocab_size}; this target has {config.hidden_size} and {config.vocab_size}: pass the "
+            "target it was trained on, or train one for this target with `opttree distill --kind head`"
+        )
+    if not embedding_matches(target, meta.target_embedding_checksum):
+        logger.warning("%s: the target's embedding differs from the one the head was trained on", path)
+    state = read_weights(path)
+    ids = state.get("token_ids")
+    if ids is None or ids.dim() != 1 or len(ids) == 0 or int(ids.min()) < 0 or int(ids.max()) >= c.vocab_size:
+        raise weights_mismatch(path, f"'token_ids' must list kept tokens of the {c.vocab_size}-token vocabulary")
+    ids = ids.long()
+    head = FeatureHead(c, target.get_input_embeddings(), output_rows(target, ids), ids)
+    try:
+        head.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()})
+    except RuntimeError as error:  # shapes or names that the metadata does not describe
+        raise weights_mismatch(path, first_problem(error)) from None
+    return head.to(target.get_input_embeddings().weight.device).eval()

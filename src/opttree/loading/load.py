@@ -1,0 +1,87 @@
+"""A draft folder written by ``opttree distill`` made ready to decode (:func:`load_draft`), and what
+``draft_model=`` holds made ready for :func:`opttree.drafters.make_drafter` (:func:`prepare_draft`):
+folders loaded, and a saved draft loaded the wrong way refused."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from ..drafters.feature_head import FeatureHead
+from ..drafters.mixed import MixedDrafter
+from .draft_dtype import check_dtype, in_dtype
+from .draft_model import ReducedVocabHead, load_model_draft
+from .files import META_FILE, read_meta
+from .head_file import HEAD_FORMAT, load_head
+
+
+def load_draft(path: str | Path, target, dtype: torch.dtype | str | None = None):
+    """The draft saved in the folder ``path`` (by ``opttree distill``), completed from ``target``:
+    a draft model (an eval-mode ``LlamaForCausalLM``, :mod:`.draft_model`) or a feature head (a
+    :class:`~opttree.drafters.feature_head.FeatureHead`, :mod:`.head_file`), by the format its
+    ``opttree_draft.json`` names. ``target`` must be the model it was distilled from (another
+    target's embedding is logged as a warning). In ``dtype``:
+
+    - None: a draft model in the target's dtype, a feature head in float32;
+    - a floating torch.dtype: that one (a draft model in another dtype than the target's gets its
+      own copy of the embedding; the target's is left as it is);
+    - ``"auto"``: float32 or bfloat16, whichever a short probe runs faster on this machine
+      (bfloat16 on a GPU that has it), cached per draft folder and machine; see
+      :mod:`opttree.loading.draft_dtype`.
+
+    Anything else is a ValueError naming these; so is a folder whose files are missing or junk.
+    """
+    dtype = check_dtype(dtype)
+    path = Path(path)
+    data = read_meta(path)
+    draft = load_head(path, target) if data.get("format") == HEAD_FORMAT else load_model_draft(path, target, data)
+    return in_dtype(draft, dtype, target, path)
+
+
+def load_if_path(draft, target):
+    """``draft`` given as a folder written by ``opttree distill`` (a str or a Path): loaded with
+    :func:`load_draft` (completed from ``target``). Anything else as is."""
+    if not isinstance(draft, (str, os.PathLike)) or draft == "prompt_lookup":
+        return draft
+    if (Path(draft) / META_FILE).is_file():
+        return load_draft(draft, target)
+    raise ValueError(
+        f"draft_model={str(draft)!r}: a string must be 'prompt_lookup' or a folder written by `opttree distill` "
+        f"(it holds {META_FILE}); load any other draft yourself and pass the model, e.g. "
+        "AutoModelForCausalLM.from_pretrained(path, attn_implementation='sdpa')"
+    )
+
+
+def prepare_draft(draft, target):
+    """What ``draft_model=`` holds, ready for :func:`~opttree.drafters.make_drafter`: a draft folder
+    loaded (inside a :class:`~opttree.drafters.MixedDrafter` too, once per call), and a draft model
+    checked not to be a saved draft that ``from_pretrained`` left half random."""
+    if isinstance(draft, MixedDrafter):
+        inner = prepare_draft(draft.model_drafter, target), prepare_draft(draft.ngram_drafter, target)
+        if inner == (draft.model_drafter, draft.ngram_drafter):
+            return draft
+        return MixedDrafter(*inner, draft.weight)
+    draft = load_if_path(draft, target)
+    if isinstance(draft, torch.nn.Module) and not isinstance(draft, FeatureHead):
+        check_assembled_draft(draft)
+    return draft
+
+
+def check_assembled_draft(draft) -> None:
+    """A draft saved by ``opttree distill`` stores only its own weights: loaded with from_pretrained,
+    its embedding and output head stay random (it then runs, but drafts noise). Refuse it."""
+    source = str(draft.config.name_or_path or "")
+    if not source or not (Path(source) / META_FILE).is_file():
+        return
+    if isinstance(draft.get_output_embeddings(), ReducedVocabHead):
+        return
+    raise ValueError(
+        f"{source} is an opttree draft: it takes its embedding and output rows from the target, so "
+        "from_pretrained() leaves them random. Load it with opttree.load_draft(path, target), "
+        "or pass the folder itself: draft_model=path"
+    )
+
+
+__all__ = ["check_assembled_draft", "load_draft", "load_if_path", "prepare_draft"]
