@@ -8,14 +8,15 @@
 #                                      $OUT/bench.log, bench-summary.md, bench.tar.gz. One call (expected
 #                                      a few minutes; not measured yet).
 #   bash scripts/device_job.sh round   drafts/smollm2-135m-head/recipe.toml into /tmp/opttree-kit/head-next:
-#                                      RESUMABLE across calls (recipe.toml estimates 25 min of H100: 3-4
-#                                      calls, so a session's 30 device-minutes hold it only as the sole
-#                                      job). Each call stops at the time limit and exits 3: repeat the
-#                                      same call within 30 s until it exits 0. $OUT/round.log; at the end
-#                                      head-next.tar.gz (the head's files, data_manifest.json, the
-#                                      cache's manifest.json).
-# Each job stops itself after OPTTREE_JOB_SECONDS (default 480 s; a later call, with no assembly
-# before it, may set 560), so that it ends and its log comes back inside the tool's 10-minute call.
+#                                      RESUMABLE across calls (recipe.toml estimates 25 min of H100: more
+#                                      than a task's 15 device-minutes, so it cannot finish on one lent
+#                                      machine; the draft-recipe issue re-plans it). Each call stops at the
+#                                      time limit and exits 3: repeat the same call within 30 s until it
+#                                      exits 0. $OUT/round.log; at the end head-next.tar.gz (the head's
+#                                      files, data_manifest.json, the cache's manifest.json).
+# Device time: 15 minutes per task, all calls together (the machine's start, idle waits and the
+# copies included). Each job stops itself after OPTTREE_JOB_SECONDS (default 420 s: the kit's carry
+# calls, one job and a rerun of a short one fit), and its log comes back inside the tool's 10-minute call.
 # The tool brings back at most 8 files of $OUT (16 MiB each): folders go back as one .tar.gz each.
 # Environment: the wheels in $OPTTREE_SITE (/tmp/site) ahead of the device's own packages; the GGUF
 # where opttree.smollm2 looks ($OPTTREE_CACHE/smollm2); Spec-Bench's questions from the kit.
@@ -24,7 +25,7 @@ cd "$(dirname "$0")/.."
 KIT=${OPTTREE_KIT:-/tmp/opttree-kit}
 SITE=${OPTTREE_SITE:-/tmp/site}
 OUT=${OUT:-$KIT/out}
-LIMIT=${OPTTREE_JOB_SECONDS:-480}
+LIMIT=${OPTTREE_JOB_SECONDS:-420}  # device_kit.py's JOB_SECONDS
 CATEGORIES=writing,roleplay,reasoning,math,coding,extraction,stem,humanities,translation,summarization,qa,math_reasoning,rag
 job=${1:-}
 

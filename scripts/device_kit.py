@@ -47,6 +47,14 @@ PIP_PLATFORM = ["--python-version", "3.12", "--implementation", "cp", "--platfor
                 "--platform", "manylinux_2_17_x86_64", "--platform", "manylinux2014_x86_64"]
 LATER_JOBS = {"tests": "the GPU and real-model tests", "bench": "Spec-Bench, 13 categories x 1",
               "round": "recipe.toml's round (resumable: repeat the call until it says done)"}
+# A lent machine gives a task 15 minutes of device time, all calls together, its start, idle waits
+# and copies included; the tool's own call limit is 10 minutes. A job stops itself after
+# JOB_SECONDS (device_job.sh's default), so that the carry calls, the job and a rerun of a short
+# one fit; the start is "minutes" and is timed by the first call (lease.held_s), not assumed here.
+DEVICE_BUDGET_S = 15 * 60
+JOB_SECONDS = 420
+OVER_BUDGET = {"round": "recipe.toml estimates ~25 min of an H100: over a task's 15 device-minutes, so it cannot "
+                        "finish on one lent machine (the draft-recipe issue re-plans it)"}
 
 
 @dataclass(frozen=True)
@@ -120,6 +128,11 @@ def describe(manifest: Manifest, calls: list[Call], tree: int, job: str) -> str:
     lines.append("then, while warm (carry nothing; each within 30 s of the last call):")
     lines += [f"  set -euo pipefail; bash scripts/device_job.sh {name}    # {what}"
               for name, what in LATER_JOBS.items() if name != job]
+    lines += ["", f"device time: {DEVICE_BUDGET_S // 60} minutes per task, start, idle waits and copies included. "
+                  f"This plan makes {len(calls)} carry call(s), then the job stops itself after {JOB_SECONDS} s "
+                  "(OPTTREE_JOB_SECONDS); read lease.budget_left_s after each call before starting another job."]
+    if job in OVER_BUDGET:
+        lines.append(f"warning: the {job} job: {OVER_BUDGET[job]}")
     return "\n".join(lines)
 
 

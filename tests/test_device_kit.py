@@ -157,6 +157,17 @@ def test_every_printed_command_fits_the_tool(packed):
     assert again == (manifest, calls, tree)
 
 
+def test_the_plan_states_the_device_budget_and_warns_of_a_job_over_it(packed):
+    """A task's device time is 15 minutes in all; the plan says so, the job's own time limit is the
+    one device_job.sh uses, and a job known to need more (the 25-minute round) is named."""
+    _, _, manifest, calls, tree = packed
+    text = kit.describe(manifest, calls, tree, "tests")
+    assert kit.DEVICE_BUDGET_S == 15 * 60 and "device time: 15 minutes per task" in text
+    assert f"stops itself after {kit.JOB_SECONDS} s" in text and "warning" not in text
+    assert f"LIMIT=${{OPTTREE_JOB_SECONDS:-{kit.JOB_SECONDS}}}" in (ROOT / "scripts" / "device_job.sh").read_text()
+    assert "warning: the round job" in kit.describe(manifest, calls, tree, "round")
+
+
 def test_commands_refuses_a_tree_that_has_grown(packed):
     repo = packed[0]
     (repo / "new.bin").write_bytes(b"y" * 200_000)
