@@ -1,79 +1,143 @@
-"""Does opttree's few-row linear kernel (``opttree.hf.fast_linear``) pay on this machine?
+"""Which linear kernel pays on this machine (``opttree.hf.linears``)?
 
-Times one target forward over a root and n tree nodes on a cached prefix (the verify of a decoding
-step; ``opttree.budget.calibration.measure_verify``) with the kernel off, on, and in ``auto`` mode, and prints
-the medians as a markdown table. ``auto`` is timed after a first pass that lets it make its
-choices (``fast_linear.decisions()``, summarised below the table).
+Two views, both printed as markdown tables with the machine's name:
+
+* forwards (default): one verification forward of the target over each padded size (the root and a
+  tree, ``opttree.budget.calibration.measure_verify``) with every kernel fixed in turn
+  (``OPTTREE_LINEAR=stock``, ``weight_major``, ``onednn``) and with ``auto``, timed after a first
+  pass that lets it choose (its choices are summarised below the table);
+* ``--products``: each distinct linear shape of the target alone, per row count, for every kernel
+  and for MKL's packed GEMM (``torch.ops.mkl._mkl_linear``, one packed copy per row count: no
+  runtime candidate, measured here so that the choice stays a measurement). The weights cycle
+  through copies larger than the CPU's caches, so they come from memory as in decoding.
 
 Usage::
 
     python benchmarks/kernel.py                       # SmolLM2-135M-Instruct, fetched as the demo does
-    python benchmarks/kernel.py --target path/to/model --threads 1
+    python benchmarks/kernel.py --products --threads 2
+    python benchmarks/kernel.py --random-weights      # SmolLM2-135M's shapes, random weights (no download)
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import platform
+import statistics
+import time
+from collections import Counter
 
 import torch
 
 from opttree.budget import calibration
-from opttree.hf import fast_linear
+from opttree.hf import linears
+from opttree.loading.machine import bf16_flags, cpu_model
 
-MODES = ("off", "on", "auto")
+MODES = ("stock", "weight_major", "onednn", "auto")
 
 
 def verify_ms(target, sizes: list[int], prefix: int, repeats: int, mode: str) -> list[float]:
-    """Median ms of a verify over 1 + n tokens for each n in ``sizes``, under kernel ``mode``."""
-    os.environ["OPTTREE_WEIGHT_MAJOR"] = mode
-    with fast_linear.weight_major():
-        if mode == "auto":  # let it try both paths for every shape first
-            calibration.measure_verify(target, sizes, prefix, repeats=2 * fast_linear.TRIALS)
+    """Median ms of a verification over 1 + n rows for each n in ``sizes``, under kernel ``mode``."""
+    os.environ["OPTTREE_LINEAR"] = mode
+    linears.forget_decisions()
+    with linears.fast_linears(target):
+        if mode == "auto":  # let it try every kernel for every shape first
+            calibration.measure_verify(target, sizes, prefix, repeats=len(linears.KERNELS) * linears.TRIALS)
         seconds = calibration.measure_verify(target, sizes, prefix, repeats=repeats)
     return [1000 * s for s in seconds]
+
+
+def product_us(out: int, inn: int, rows: int, dtype: torch.dtype, kernel: str, budget: float = 96e6) -> float:
+    """Median µs of one ``rows`` x ``inn`` -> ``out`` product by ``kernel``, the weight cycling through
+    copies that together exceed ``budget`` bytes (so it comes from memory)."""
+    size = out * inn * torch.finfo(dtype).bits // 8
+    weights = [(torch.randn(out, inn) * 0.02).to(dtype) for _ in range(max(1, min(256, int(budget // size))))]
+    x = torch.randn(rows, inn).to(dtype)
+    if kernel == "mkl_packed":
+        packed = [(torch.ops.mkl._mkl_reorder_linear_weight(w, rows), w) for w in weights]
+        call = lambda p: torch.ops.mkl._mkl_linear(x, p[0], p[1], None, rows)  # noqa: E731
+        items = packed
+    else:
+        os.environ["OPTTREE_LINEAR"] = kernel
+        call = lambda w: linears.fast_linear(x, w, None, auto=False, kernel=kernel)  # noqa: E731
+        items = weights
+    call(items[0])
+    times = []
+    for _ in range(5):
+        start = time.perf_counter()
+        for item in items:
+            call(item)
+        times.append((time.perf_counter() - start) / len(items))
+    return 1e6 * statistics.median(times)
+
+
+def load(args):
+    if args.random_weights:
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        config = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                             num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
+                             tie_word_embeddings=True, rope_theta=100000.0)
+        config._attn_implementation = "sdpa"
+        return LlamaForCausalLM(config).eval()
+    if args.target is None:
+        from opttree.smollm2 import load_smollm2
+
+        return load_smollm2()[0].eval()
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(args.target, attn_implementation="sdpa").eval()
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--target", default=None, help="model folder (default: SmolLM2-135M-Instruct, fetched)")
+    p.add_argument("--random-weights", action="store_true", help="SmolLM2-135M's config with random weights")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--sizes", type=int, nargs="+", default=[0, 1, 2, 3, 5, 7, 11, 15],
-                   help="tree nodes n under the root (the forward takes n + 1 tokens)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--sizes", type=int, nargs="+", default=[0, 1, 3, 7, 15, 31, 63],
+                   help="tree nodes n under the root (the forward takes n + 1 rows)")
     p.add_argument("--prefix", type=int, default=256, help="cached tokens before the root")
     p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--products", action="store_true", help="time each linear shape alone instead")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    if args.target is None:
-        from opttree.smollm2 import load_smollm2
-
-        target, _ = load_smollm2()
-    else:
-        from transformers import AutoModelForCausalLM
-
-        target = AutoModelForCausalLM.from_pretrained(args.target, attn_implementation="sdpa")
-    target.eval()
-    saved = os.environ.get("OPTTREE_WEIGHT_MAJOR")
+    dtype = getattr(torch, args.dtype)
+    target = load(args).to(dtype)
+    saved = os.environ.get("OPTTREE_LINEAR")
+    print(f"{cpu_model()} ({', '.join(bf16_flags()) or 'no AVX-512/AMX'}), torch {torch.__version__}, "
+          f"{args.threads} thread(s), {type(target).__name__} {args.dtype}")
+    print()
     try:
-        rows = {mode: verify_ms(target, args.sizes, args.prefix, args.repeats, mode) for mode in MODES}
+        if args.products:
+            shapes = sorted(Counter(tuple(m.weight.shape) for m in target.modules()
+                                    if isinstance(m, torch.nn.Linear)).items())
+            kernels = [k for k in linears.KERNELS if k in linears.candidates(dtype)]
+            kernels += ["mkl_packed"] if dtype == torch.float32 else []
+            rows = [n + 1 for n in args.sizes]
+            print("µs per product (weights from memory), median of 5 passes")
+            print()
+            print("| out × in (count) | rows | " + " | ".join(kernels) + " |")
+            print("|---|---|" + "---|" * len(kernels))
+            for (out, inn), count in shapes:
+                for r in rows:
+                    print(f"| {out} × {inn} ({count}) | {r} | "
+                          + " | ".join(f"{product_us(out, inn, r, dtype, k):.0f}" for k in kernels) + " |", flush=True)
+            return 0
+        table = {mode: verify_ms(target, args.sizes, args.prefix, args.repeats, mode) for mode in MODES}
     finally:
         if saved is None:
-            os.environ.pop("OPTTREE_WEIGHT_MAJOR", None)
+            os.environ.pop("OPTTREE_LINEAR", None)
         else:
-            os.environ["OPTTREE_WEIGHT_MAJOR"] = saved
-    print(f"{platform.processor() or platform.machine()}, torch {torch.__version__}, {args.threads} thread(s), "
-          f"{type(target).__name__}, {args.prefix}-token prefix, median of {args.repeats}; ms per forward")
+            os.environ["OPTTREE_LINEAR"] = saved
+    print(f"ms per verification forward, {args.prefix}-token prefix, median of {args.repeats}")
     print()
-    print("| tokens | " + " | ".join(str(n + 1) for n in args.sizes) + " |")
+    print("| rows | " + " | ".join(str(n + 1) for n in args.sizes) + " |")
     print("|---|" + "---|" * len(args.sizes))
     for mode in MODES:
-        print(f"| `{mode}` | " + " | ".join(f"{ms:.1f}" for ms in rows[mode]) + " |")
-    chosen = fast_linear.decisions()
-    stock = sorted(key for key, faster in chosen.items() if not faster)
+        print(f"| `{mode}` | " + " | ".join(f"{ms:.1f}" for ms in table[mode]) + " |")
+    chosen = Counter(linears.decisions().values())
     print()
-    print(f"auto: weight-major kept for {len(chosen) - len(stock)} of {len(chosen)} (rows, out, in) shapes; "
-          f"F.linear for {stock if stock else 'none'}")
+    print("auto kept: " + ", ".join(f"{kernel} for {n} shapes" for kernel, n in chosen.most_common()))
     return 0
 
 

@@ -30,7 +30,7 @@ from opttree.loading.draft_dtype import choose_dtype as faster_dtype
 from opttree.loading.draft_dtype import cuda_dtype
 from opttree.loading.dtype_probe import time_rounds
 from opttree.hf.compat import with_cache
-from opttree.hf.fast_linear import weight_major
+from opttree.hf.linears import fast_linears, helps
 from opttree.smollm2 import load_smollm2
 from opttree.tools.ties import check_greedy
 
@@ -133,17 +133,17 @@ def main():
                                      return_tensors="pt", return_dict=True).to(device)
     prompt_len = inputs["input_ids"].shape[1]
     kw = dict(max_new_tokens=args.max_new_tokens, do_sample=False)
-    kernel = device.type == "cpu" and dtype == torch.float32  # the few-row CPU kernel: float32 on a CPU only
+    kernel = device.type == "cpu" and helps(target)  # the few-row CPU linears' kernels (float32, bfloat16)
     gen.generate(**inputs, max_new_tokens=8, do_sample=False)  # warm-up
     target.generate(**inputs, max_new_tokens=8, do_sample=False)
     if kernel:
-        with weight_major(target):
+        with fast_linears(target):
             target.generate(**inputs, max_new_tokens=8, do_sample=False)
 
     plain, t_plain = timed(lambda: target.generate(**inputs, **kw), device)
     if kernel:
-        with weight_major(target):  # plain decoding under the kernel opttree decodes in (the same swapped layers)
-            plain_wm, t_plain_wm = timed(lambda: target.generate(**inputs, **kw), device)
+        with fast_linears(target):  # plain decoding under the kernels opttree decodes in (the same swapped layers)
+            plain_fast, t_plain_fast = timed(lambda: target.generate(**inputs, **kw), device)
     spec, t_spec = timed(lambda: gen.generate(**inputs, **kw), device)
     n = spec.shape[1] - prompt_len
     stats = gen.last_stats
@@ -159,10 +159,10 @@ def main():
               f"{verdict.outcome.value}" + (f", {len(verdict.ties)} near-tie(s)" if verdict.ties else ""))
     print(f"plain generate(): {(plain.shape[1] - prompt_len) / t_plain:6.1f} tokens/s")
     if kernel:
-        print(f"plain, fast_linear: {(plain_wm.shape[1] - prompt_len) / t_plain_wm:4.1f} tokens/s  "
-              f"(speedup {t_plain / t_plain_wm:.2f}x: the CPU kernel alone, same tokens: {torch.equal(plain_wm, plain)})")
+        print(f"plain, fast linears: {(plain_fast.shape[1] - prompt_len) / t_plain_fast:3.1f} tokens/s  "
+              f"(speedup {t_plain / t_plain_fast:.2f}x: the CPU kernels alone, same tokens: {torch.equal(plain_fast, plain)})")
     print(f"opttree:          {n / t_spec:6.1f} tokens/s  (speedup {t_plain / t_spec:.2f}x"
-          + (f"; {t_plain_wm / t_spec:.2f}x over the kernel alone)" if kernel else ")"))
+          + (f"; {t_plain_fast / t_spec:.2f}x over the kernels alone)" if kernel else ")"))
     print(f"mean accepted tokens per target forward (tau): {stats.mean_accepted_tokens:.2f} "
           f"over {len(stats.steps)} steps; mean tree {sum(stats.tree_sizes) / len(stats.steps):.1f} nodes")
 

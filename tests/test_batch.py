@@ -252,8 +252,8 @@ def test_positions_that_count_the_padding_are_caught(monkeypatch):
     draft = partly_agreeing(target)
     assert torch.equal(spec(target, draft, ids, mask, max_new_tokens=16, nodes=8, threshold=0.0).sequences, ref)
     real = batch_module.batch_verification_inputs
-    monkeypatch.setattr(batch_module, "batch_verification_inputs", lambda roots, trees, positions, visible, dtype:
-                        real(roots, trees, torch.full_like(positions, visible.shape[1]), visible, dtype))
+    monkeypatch.setattr(batch_module, "batch_verification_inputs", lambda roots, trees, positions, visible, dtype, **kw:
+                        real(roots, trees, torch.full_like(positions, visible.shape[1]), visible, dtype, **kw))
     out = spec(target, draft, ids, mask, max_new_tokens=16, nodes=8, threshold=0.0)
     assert not torch.equal(out.sequences[0], ref[0])
 
@@ -266,7 +266,8 @@ def test_visible_holes_and_padding_are_caught(monkeypatch):
     ref = target.generate(ids, attention_mask=mask, max_new_tokens=20, do_sample=False)
     real = batch_module.batch_verification_inputs
     monkeypatch.setattr(batch_module, "batch_verification_inputs",
-                        lambda roots, trees, pos, visible, dtype: real(roots, trees, pos, torch.ones_like(visible), dtype))
+                        lambda roots, trees, pos, visible, dtype, **kw: real(roots, trees, pos, torch.ones_like(visible), dtype,
+                                                                             **kw))
     out = spec(target, drafts["partly"], ids, mask, max_new_tokens=20, nodes=8, threshold=0.0)
     assert not torch.equal(out.sequences, ref)
 

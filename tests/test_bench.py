@@ -212,23 +212,23 @@ def test_float32_allows_no_tie(monkeypatch):
     assert not result.ties and result.exit_code == 1 and "near-tie" not in result.markdown().split("## Set-up")[0]
 
 
-def test_hf_methods_under_the_cpu_kernel(pair):
+def test_hf_methods_under_the_cpu_kernels(pair):
     from opttree.bench import make_methods
-    from opttree.hf import fast_linear
+    from opttree.hf import linears
 
     target, draft = pair
     seen = []
-    hook = target.register_forward_pre_hook(lambda *_: seen.append(fast_linear.active()))
+    hook = target.register_forward_pre_hook(lambda *_: seen.append(linears.active()))
     try:
         result = run_bench(target, draft, CharTokenizer(), QUESTIONS[1:],
-                           methods=make_methods(["plain", "plain-wm", "assisted-wm", "lookup-wm"], target, draft),
+                           methods=make_methods(["plain", "plain-fast", "assisted-fast", "lookup-fast"], target, draft),
                            max_new_tokens=6, warmup=0, progress=False)
     finally:
         hook.remove()
-    assert result.ok and result.methods == ["plain", "plain-wm", "assisted-wm", "lookup-wm"]
+    assert result.ok and result.methods == ["plain", "plain-fast", "assisted-fast", "lookup-fast"]
     assert seen.count(True) == len(seen) - 6  # all but plain's 6 forwards (1 prefill + 5 steps)
-    with pytest.raises(ValueError, match="unknown method 'opttree-wm'"):
-        make_methods(["opttree-wm"], target, draft)
+    with pytest.raises(ValueError, match="unknown method 'opttree-fast'"):
+        make_methods(["opttree-fast"], target, draft)
 
 
 def test_first_difference_and_helpers():

@@ -24,9 +24,11 @@ from opttree.tree.strategies import build_tree
 from test_builder import synthetic_probs
 from test_strategies import StrictDrafter
 
-SIZES = (0, 1, 2, 4, 8, 16, 32, 64)
+# the node counts that fill a verification size (tree.sizes: 1, 2, 4, ... rows with the root): the
+# latency model prices n nodes at the next of them, as the loop pads them
+SIZES = (0, 1, 3, 7, 15, 31, 63, 127)
 CPU_LIKE = (0.060, 0.065, 0.070, 0.110, 0.145, 0.210, 0.250, 0.230)  # DESIGN-NOTES: plateau at 16-64
-GPU_LIKE = (0.020,) * 8  # verification is free up to 64 nodes
+GPU_LIKE = (0.020,) * 8  # verification is free up to 127 nodes
 WIDTHS = (1, 2, 4, 8, 16, 32)
 
 
@@ -118,11 +120,13 @@ def test_refreshing_one_latency_model_from_several_threads_neither_deadlocks_nor
 
 def test_latency_table_interpolates_and_extrapolates():
     lat = latency(CPU_LIKE)
-    assert lat.verify_time(4) == pytest.approx(0.110)
-    assert lat.verify_time(3) == pytest.approx(0.090)
-    assert lat.verify_time(12) == pytest.approx((0.145 + 0.210) / 2)
-    assert lat.verify_time(96) == pytest.approx(0.230)  # a falling last segment is not extrapolated
-    assert latency(GPU_LIKE[:-1] + (0.084,)).verify_time(96) == pytest.approx(0.148)  # a rising one is
+    assert lat.verify.at(5) == pytest.approx(0.090)  # the table: linear between measured sizes
+    assert lat.verify.at(11) == pytest.approx((0.110 + 0.145) / 2)
+    assert lat.verify.at(200) == pytest.approx(0.230)  # a falling last segment is not extrapolated
+    assert latency(GPU_LIKE[:-1] + (0.084,)).verify.at(191) == pytest.approx(0.148)  # a rising one is
+    # the model prices a tree at its padded size: 4-7 nodes cost what 7 do (8 rows), 8-15 what 15 do
+    assert [lat.verify_time(n) for n in (3, 4, 7, 8, 12, 15)] == pytest.approx([0.070, 0.110, 0.110, 0.145, 0.145, 0.145])
+    assert lat.verify_time(96) == pytest.approx(0.230)
     lat.verify_scale = 2.0
     assert lat.verify_time(4) == pytest.approx(0.220)
     assert LatencyModel(verify=LatencyTable(SIZES, CPU_LIKE)).layer_time(8) == 0.0  # unmeasured drafter
@@ -224,9 +228,9 @@ def test_the_verify_refresh_learns_a_load_as_a_scale_and_a_fixed_cost_as_an_offs
     lat = latency(CPU_LIKE)
     sizes = [0, 1, 4, 8, 16, 32] * 40  # the sizes auto verifies vary from step to step
     for n in sizes:
-        lat.observe(step(tree_size=n, verify=truth(lat.verify.at(n))))
+        lat.observe(step(tree_size=n, verify=truth(lat.verify_table(n))))
     for n in (0, 2, 8, 24):
-        assert lat.verify_time(n) == pytest.approx(truth(lat.verify.at(n)), rel=0.05)
+        assert lat.verify_time(n) == pytest.approx(truth(lat.verify_table(n)), rel=0.05)
     one_size = latency(CPU_LIKE)
     for _ in range(200):  # a single size cannot tell the two apart: a pure scale, as before
         one_size.observe(step(tree_size=8, verify=truth(0.145)))
@@ -571,7 +575,7 @@ def test_make_policy_measures_once_per_pair_and_keeps_other_settings(pair, count
     policy = calibration.make_policy(config, target, drafter, new_drafter)
     assert isinstance(policy, AutoPolicy) and policy.auto_nodes and not policy.auto_threshold
     plan = policy.plan()
-    assert (plan.nodes, plan.threshold, plan.grow, policy.max_nodes) == (64, 0.3, None, 64)
+    assert (plan.nodes, plan.threshold, plan.grow, policy.max_nodes) == (63, 0.3, None, 63)  # 64 rows with the root
     assert policy.latency.layer is not None and policy.latency.layer_time(8) > 0
     calibration.make_policy(config, target, drafter, new_drafter)
     assert len(count_measures) == 1  # cached

@@ -56,7 +56,7 @@ def test_bench_help_names_itself_and_shows_each_default_once(capsys):
     blocks = re.split(r"\n(?=  -|\S)", text)  # one per option (and per group heading)
     assert all(block.count("default") <= 1 for block in blocks), [b for b in blocks if b.count("default") > 1]
     flat = " ".join(text.split())
-    assert "plain-wm" in flat and "assisted-wm" in flat and "lookup-wm" in flat  # --methods lists its default's
+    assert "plain-fast" in flat and "assisted-fast" in flat and "lookup-fast" in flat  # --methods lists its default's
     assert "github.com/hemingkx/Spec-Bench" in flat
     assert "usage: python -m opttree.bench" in " ".join(_parser_help(bench_cli.parser()).split())
 

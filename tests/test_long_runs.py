@@ -35,8 +35,10 @@ def long_model(seed: int, positions: int = 1200, family: str = "llama"):
 
 
 def storages(tensors) -> dict[int, int]:
-    """data pointer -> bytes of each distinct storage behind ``tensors``."""
-    return {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+    """data pointer -> bytes of each distinct storage behind ``tensors``; an opaque tensor (a oneDNN
+    packed weight, opttree.hf.linears) has no storage to ask: it counts by its id and its elements."""
+    return {id(t) if t.is_mkldnn else t.untyped_storage().data_ptr():
+            t.numel() * t.element_size() if t.is_mkldnn else t.untyped_storage().nbytes() for t in tensors}
 
 
 def cache_storages(cache) -> dict[int, int]:

@@ -12,7 +12,7 @@ import torch
 
 from ..drafters.make import is_draft_model
 from ..tree.config import STRATEGIES, VERIFIERS
-from .methods import HF_METHODS, METHODS, parse_tree_spec
+from .methods import FAST, HF_METHODS, METHODS, parse_tree_spec
 from .questions import CATEGORIES, QUICK_QUESTIONS, SPEC_BENCH_URL, TASKS, load_questions, select_questions
 
 logger = logging.getLogger("opttree.bench")
@@ -38,7 +38,7 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
-ALL_METHODS = tuple(x for m in HF_METHODS for x in (m, f"{m}-wm")) + ("opttree", "opttree-lookup")
+ALL_METHODS = tuple(x for m in HF_METHODS for x in (m, f"{m}{FAST}")) + ("opttree", "opttree-lookup")
 
 
 def parser(prog: str = "python -m opttree.bench") -> argparse.ArgumentParser:
@@ -68,8 +68,8 @@ def parser(prog: str = "python -m opttree.bench") -> argparse.ArgumentParser:
                    help="opttree drafts with the draft AND prompt lookup mixed (opttree.drafters.MixedDrafter, "
                         "this n-gram weight where the text matched)")
     p.add_argument("--methods", default=",".join(METHODS),
-                   help=f"comma-separated, from: {', '.join(ALL_METHODS)}; -wm: the HF method under opttree's CPU "
-                        "kernel; plain is always run")
+                   help=f"comma-separated, from: {', '.join(ALL_METHODS)}; -fast: the HF method under opttree's "
+                        "linears' kernels (plain at its fastest here); plain is always run")
     p.add_argument("--categories", default=None,
                    help=f"comma-separated Spec-Bench tasks ({', '.join(TASKS)}) or file categories "
                         f"({', '.join(CATEGORIES[:3])}, ...); default: the six tasks (the shipped questions: "
@@ -143,10 +143,10 @@ def main(argv: list[str] | None = None, prog: str = "python -m opttree.bench") -
     except (OSError, ValueError) as error:
         usage.error(str(error))
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    if args.draft is None and ({"assisted", "assisted-wm", "opttree"} & set(methods) or extra_trees):
+    if args.draft is None and ({"assisted", "assisted-fast", "opttree"} & set(methods) or extra_trees):
         logger.warning("no --draft given: skipping assisted and opttree (pass a distilled draft folder, or "
                        "--draft truncated:N for a weak stand-in made of the target's first N layers)")
-        methods = [m for m in methods if m not in ("assisted", "assisted-wm", "opttree")]
+        methods = [m for m in methods if m not in ("assisted", "assisted-fast", "opttree")]
         extra_trees = []
 
     t0 = time.perf_counter()
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m opttree.bench") -
         if assistant is None and is_draft_model(draft):
             assistant = draft
         draft = MixedDrafter(draft, weight=args.mix_lookup)
-    uses_assistant = {"assisted", "assisted-wm"} & set(methods)
+    uses_assistant = {"assisted", "assisted-fast"} & set(methods)
     if uses_assistant and assistant is None and not is_draft_model(draft):
         logger.warning("--draft is not an HF model: skipping assisted (give --assistant PATH)")
         methods = [m for m in methods if m not in uses_assistant]

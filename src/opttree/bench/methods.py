@@ -1,9 +1,9 @@
 """The decoding methods a benchmark compares, all through HF ``generate()``, greedy, batch 1.
 
 * ``plain``: ``generate()`` itself, the reference every other method must reproduce exactly;
-* ``plain-wm`` (also ``assisted-wm``, ``lookup-wm``): the HF method inside
-  :func:`opttree.hf.fast_linear.weight_major`, the few-row linear kernel opttree's loop runs under:
-  it shows how much of opttree's speed-up that kernel alone gives;
+* ``plain-fast`` (also ``assisted-fast``, ``lookup-fast``): the HF method inside
+  :func:`opttree.hf.linears.fast_linears`, the linears' kernels opttree's loop runs under (plain at its
+  fastest here): it shows how much of opttree's speed-up those kernels alone give;
 * ``assisted``: HF assisted generation with the same draft (``assistant_model=``), a chain draft;
 * ``lookup``: HF prompt lookup decoding (``prompt_lookup_num_tokens=``), no draft model;
 * ``opttree``: OPT-Tree draft trees (arXiv 2406.17276) via ``custom_generate=speculative_generate``.
@@ -23,13 +23,14 @@ import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
 from ..drafters.make import is_draft_model
-from ..hf.fast_linear import weight_major
+from ..hf.linears import fast_linears
 from ..integration.defaults import TREE_ARGS, given_settings, resolve
 from ..integration.entry import speculative_generate
 from ..loop.stats import GenerationStats
 
-METHODS = ("plain", "plain-wm", "assisted", "lookup", "opttree")  # the default set
-HF_METHODS = ("plain", "assisted", "lookup")  # each also as "<name>-wm"
+METHODS = ("plain", "plain-fast", "assisted", "lookup", "opttree")  # the default set
+HF_METHODS = ("plain", "assisted", "lookup")  # each also as "<name>-fast"
+FAST = "-fast"  # an HF method under opttree's linears' kernels
 
 
 @dataclass
@@ -95,13 +96,13 @@ def plain_method(target) -> Method:
 
 
 def with_kernel(method: Method, *models) -> Method:
-    """``method`` run inside :func:`~opttree.hf.fast_linear.weight_major` (off unless one of ``models``
-    is a float32 CPU model, as in opttree's loop), named ``<name>-wm``."""
+    """``method`` run inside :func:`~opttree.hf.linears.fast_linears` (off unless one of ``models``
+    is a float32/bfloat16 CPU model, as in opttree's loop), named ``<name>-fast``."""
     def generate(input_ids, max_new_tokens):
-        with weight_major(*models):
+        with fast_linears(*models):
             return method.generate(input_ids, max_new_tokens)
 
-    return Method(f"{method.name}-wm", generate, {**method.settings, "linear": "opttree.hf.fast_linear"},
+    return Method(f"{method.name}{FAST}", generate, {**method.settings, "linear": "opttree.hf.linears"},
                   method.uses_draft)
 
 
@@ -168,8 +169,8 @@ def parse_tree_spec(spec: str) -> dict:
 def make_methods(names, target, draft, *, tree: dict | None = None, extra_trees: list[dict] | None = None,
                  prompt_lookup_num_tokens: int = 10, num_assistant_tokens: int | None = None,
                  assistant_schedule: str | None = None, assistant=None) -> list[Method]:
-    """Methods by name (``plain``, ``assisted``, ``lookup``, each also with ``-wm``: under opttree's
-    CPU kernel; ``opttree``, ``opttree-lookup``); ``Method`` objects pass through. Each dict of
+    """Methods by name (``plain``, ``assisted``, ``lookup``, each also with ``-fast``: under opttree's
+    linears' kernels; ``opttree``, ``opttree-lookup``); ``Method`` objects pass through. Each dict of
     ``extra_trees`` adds one more opttree method.
     ``assistant``: the HF model for ``assisted`` (default: ``draft``, when it is an HF model; an
     EAGLE-style feature head is not one)."""
@@ -181,8 +182,8 @@ def make_methods(names, target, draft, *, tree: dict | None = None, extra_trees:
         if isinstance(name, Method):
             methods.append(name)
             continue
-        kernel = name.endswith("-wm") and name.removesuffix("-wm") in HF_METHODS
-        base = name.removesuffix("-wm") if kernel else name
+        kernel = name.endswith(FAST) and name.removesuffix(FAST) in HF_METHODS
+        base = name.removesuffix(FAST) if kernel else name
         if base == "plain":
             method = plain_method(target)
         elif base == "assisted":
@@ -197,7 +198,7 @@ def make_methods(names, target, draft, *, tree: dict | None = None, extra_trees:
         elif base == "opttree-lookup":
             method = opttree_method(target, "prompt_lookup", name=name, **tree)
         else:
-            raise ValueError(f"unknown method {name!r}; known: {', '.join(METHODS)}, assisted-wm, lookup-wm, "
+            raise ValueError(f"unknown method {name!r}; known: {', '.join(METHODS)}, assisted-fast, lookup-fast, "
                              "opttree-lookup")
         methods.append(with_kernel(method, target, draft) if kernel else method)
     for spec in extra_trees or []:

@@ -57,7 +57,7 @@ def environment(target, draft, *, seed: int = 0) -> dict:
     import transformers
 
     from .. import __version__
-    from ..hf import fast_linear
+    from ..hf import linears
 
     env = {
         "date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
@@ -71,7 +71,7 @@ def environment(target, draft, *, seed: int = 0) -> dict:
         "torch_threads": torch.get_num_threads(),
         "torch_interop_threads": torch.get_num_interop_threads(),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-        "weight_major": fast_linear.mode(),  # OPTTREE_WEIGHT_MAJOR: the few-row linear kernel
+        "linear": linears.mode(),  # OPTTREE_LINEAR: the few-row linears' kernel (auto: chosen per shape)
         "seed": seed,
         "target": _model_info(target),
         "draft": _model_info(draft),
@@ -160,7 +160,7 @@ class BenchResult:
         out += [markdown_table(overall, groups=False), "", "## Per category", "",
                 markdown_table(per_group), ""] + self.ties_section() + ["## Set-up", ""]
         for key in ("date_utc", "cpu", "cpu_count", "cuda", "torch_threads", "torch_interop_threads", "platform",
-                    "python", "torch", "transformers", "opttree", "weight_major", "seed", "load_average_at_start"):
+                    "python", "torch", "transformers", "opttree", "linear", "seed", "load_average_at_start"):
             if key in env:
                 out.append(f"- {key}: {env[key]}")
         for role in ("target", "draft"):

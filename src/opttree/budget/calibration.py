@@ -30,25 +30,27 @@ from typing import Callable
 import torch
 
 from ..drafters.base import Drafter
-from ..hf import fast_linear
+from ..hf import linears
 from ..hf.compat import with_cache
 from ..tree.config import TreeConfig
 from ..tree.draft_tree import DraftTree
 from ..tree.masks import verification_inputs
 from ..tree.plan import BudgetPolicy, FixedPolicy
 from .calibration_file import parse_document, parse_latency, read_keyed_file
-from .latency import AutoPolicy, LatencyModel, LatencyTable
+from ..tree.sizes import VERIFY_SIZES as SIZES
+from ..tree.sizes import padded_size
+from .latency import AUTO_MAX_NODES, AutoPolicy, LatencyModel, LatencyTable
 
 logger = logging.getLogger(__name__)
 
-# tree sizes timed at calibration: every size auto's trees usually have (0-8: on a CPU T(n) is not
-# linear there, e.g. a step at 3 or 5 nodes), then a geometric-ish ladder up to AUTO_MAX_NODES
-VERIFY_SIZES = (0, 1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 24, 32, 48, 64)
+# tree sizes timed at calibration: the node counts that fill each verification size (tree.sizes: the
+# root and n nodes padded to the next size), up to AUTO_MAX_NODES; T is a step between them
+VERIFY_SIZES = tuple(rows - 1 for rows in SIZES if rows - 1 <= AUTO_MAX_NODES)
 DRAFT_WIDTHS = (1, 2, 4, 8, 16, 32)  # layer widths timed at calibration
 CALIBRATION_PREFIX = 256  # committed tokens under the timed forwards (a chat prompt and some answer)
 MIN_CALIBRATION_PREFIX = 16  # a shorter context cannot be calibrated: "auto" is refused
 REPEATS = 5  # timed rounds per size (after one warm-up round); sizes interleaved within a round
-CALIBRATION_VERSION = 5  # bump when what is measured changes: old files are then ignored (5: layers timed through expand_probs)
+CALIBRATION_VERSION = 6  # bump when what is measured changes: old files are then ignored (6: padded verification sizes)
 
 _PAIRS: dict[str, LatencyModel] = {}  # key digest -> the process's (refreshed) model of that pair
 _pairs_lock = threading.Lock()  # guards _PAIRS; held for a dict read or write only
@@ -111,7 +113,7 @@ def calibration_key(target, drafter, prefix: int = CALIBRATION_PREFIX) -> dict:
         "drafter": drafter_fingerprint(drafter),
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
-        "weight_major": fast_linear.mode(),  # the few-row linear kernel (fast_linear): auto, on or off
+        "linear": linears.mode(),  # the few-row linears' kernel (hf.linears): auto or a fixed one
         "verify_sizes": list(VERIFY_SIZES),
         "draft_widths": list(DRAFT_WIDTHS),
         "prefix": prefix,
@@ -206,7 +208,7 @@ def measure_verify(target, sizes=VERIFY_SIZES, prefix: int = CALIBRATION_PREFIX,
         for n in sizes:
             tree = DraftTree((torch.arange(n, dtype=torch.long) % vocab).to(device),
                              torch.full((n,), -1, dtype=torch.long, device=device), torch.ones(n, device=device))
-            inputs[n] = verification_inputs(1, tree, prefix, target.dtype).as_kwargs()
+            inputs[n] = verification_inputs(1, tree, prefix, target.dtype, size=padded_size(n + 1)).as_kwargs()
         for round_ in range(repeats + 1):
             for n in sizes:
                 start = time.perf_counter()
@@ -321,7 +323,7 @@ def calibrate(target, drafter=None, new_drafter: Callable[[], object] | None = N
             return known
         latency = read_cached(key, folder) if mode == "on" else None
         if latency is None:
-            with fast_linear.weight_major(target, *drafter.modules()):  # as the decoding loops run (integration/entry.py)
+            with linears.fast_linears(target, *drafter.modules()):  # as the decoding loops run (integration/entry.py)
                 latency = measure(target, new_drafter, prefix)
             if mode != "off":
                 write_cached(key, latency, folder)

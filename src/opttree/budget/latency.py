@@ -13,7 +13,8 @@ E_m  = the expected number of accepted nodes among the m most probable: the sum 
        identity (E_m = Σp̂, OPT-Tree's E(A)) and is non-decreasing in p̂, so ranking by p̂ and by
        r(p̂) agree and an over-confident draft gets smaller trees,
 T(m) = the target's latency to verify the root and m nodes (measured; plus the rest of a step:
-       cache surgery, commit),
+       cache surgery, commit): a forward padded to the next of :data:`~opttree.tree.sizes.VERIFY_SIZES`
+       rows, so T is a step function of m and the best m fills a size,
 D    = the drafting time of the step so far (measured: the catch-up forward, the layers actually
        drafted and the tree building; sunk, the same for every m).
 
@@ -46,9 +47,10 @@ import torch
 
 from ..tree.config import TreeConfig
 from ..tree.plan import LayerState, StepPlan
+from ..tree.sizes import padded_nodes
 from .reliability import ReliabilityMap
 
-AUTO_MAX_NODES = 64  # the largest tree "auto" will ever verify (the pool budget)
+AUTO_MAX_NODES = 63  # the largest tree "auto" will ever verify (the pool budget): with the root, 64 rows
 REFRESH = 0.1  # weight of each new step in the online latency averages
 SIZE_REFRESH = 0.25  # weight of each step's verified size in the running mean tree size
 WIDTH_PER_NODE = 2.0  # layer width cap = this × the running mean tree size
@@ -130,8 +132,13 @@ class LatencyModel:
     # (verify table, scale, offset, overhead) -> [>= AUTO_MAX_NODES] T(1 …) + overhead; see step_times
     _times: tuple | None = dataclasses.field(default=None, init=False, repr=False, compare=False)
 
-    def verify_time(self, n: float) -> float:
-        return max(self.verify.at(n) * self.verify_scale + self.verify_offset, 0.0)
+    def verify_time(self, n: int) -> float:
+        """T(n): a verification forward of the root and ``n`` nodes, at its padded size."""
+        return max(self.verify_table(n) * self.verify_scale + self.verify_offset, 0.0)
+
+    def verify_table(self, n: int) -> float:
+        """The calibrated (uncorrected) T(n), at the padded size the loop verifies ``n`` nodes at."""
+        return self.verify.at(padded_nodes(n))
 
     def step_times(self, m: int) -> torch.Tensor:
         """[m] float64: T(1) … T(m), each plus the rest of a step (overhead). A slice of a cached
@@ -154,7 +161,7 @@ class LatencyModel:
             self._observe(step)
 
     def _observe(self, step) -> None:
-        calibrated = self.verify.at(step.tree_size)
+        calibrated = self.verify_table(step.tree_size)
         if step.verify_seconds > 0 and calibrated > 0:
             if self.verify_fit.w == 0:  # the calibration itself is the prior: weight 1, at this size
                 self.verify_fit.add(calibrated, calibrated, 1.0)

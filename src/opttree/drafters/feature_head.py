@@ -29,7 +29,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from ..hf import fast_linear
+from ..hf import linears
 from ..tree.draft_probs import DraftProbs
 from ..tree.draft_tree import DraftTree
 from ..tree.masks import additive_mask
@@ -252,9 +252,9 @@ class FeatureHead(nn.Module):
 
     def reduced_logits(self, predicted: torch.Tensor) -> torch.Tensor:
         """predicted features [..., H] -> logits over the K kept tokens [..., K]."""
-        # not an nn.Linear: fast_linear.linear gives it the few-row kernel the head's layers get
+        # not an nn.Linear: linears.linear gives it the few-row kernels the head's layers get
         weight = self.out_weight if self.out_weight.dtype == predicted.dtype else self.out_weight.to(predicted.dtype)
-        return fast_linear.linear(predicted, weight, self.out_bias)
+        return linears.linear(predicted, weight, self.out_bias)
 
     def full_logits(self, predicted: torch.Tensor) -> torch.Tensor:
         """[..., H] -> [..., V] float32; tokens outside the kept set get finfo.min."""

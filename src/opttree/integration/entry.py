@@ -16,7 +16,7 @@ from ..drafters import make_drafter
 from ..drafters.make import check_pair, is_draft_model
 from ..hf import kv_cache
 from ..hf.compat import cache_from_generate, output_cache, streamer_kept_by_generate
-from ..hf.fast_linear import weight_major
+from ..hf.linears import fast_linears
 from ..hf.validation import check_generation_mode, check_inputs, context_length
 from ..loading import prepare_draft
 from ..loop.generation import DecodeSettings, speculative_decode
@@ -79,7 +79,7 @@ def _decode(model, draft_model, given: dict, input_ids, logits_processor, stoppi
         output_logits=bool(generation_config.output_logits),
         new_policy=policy,
     )
-    with torch.inference_mode(), weight_major(model, *drafter.modules()):  # few-row fp32 CPU linears (fast_linear)
+    with torch.inference_mode(), fast_linears(model, *drafter.modules()):  # few-row CPU linears' kernels (hf.linears)
         result = speculative_decode(model, drafters, input_ids, cache, settings, attention_mask=attention_mask)
     if generation_config.return_dict_in_generate:  # a batch's cache has lost its finished rows: not returned
         return SpeculativeDecoderOnlyOutput(

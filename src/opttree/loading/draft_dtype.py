@@ -16,7 +16,7 @@ A measured choice is kept as JSON next to the latency calibrations
 (:func:`opttree.budget.calibration.cache_dir`, file ``draft-dtype-<hash>.json``) with its timings,
 keyed by what it depends on: the draft folder (its metadata and config files' hashes, its weights
 file's size and mtime), the device type, the CPU's model name, torch's thread count and version,
-and the few-row kernel's mode (``OPTTREE_WEIGHT_MAJOR``). ``OPTTREE_CALIBRATION=off`` neither reads
+and the few-row linears' kernel mode (``OPTTREE_LINEAR``). ``OPTTREE_CALIBRATION=off`` neither reads
 nor writes it, ``=refresh`` measures again and overwrites it. A file that cannot be used (not JSON,
 another key, a choice or times that measuring does not write) is named in a warning and measured
 again; it never stops a load. The choice is logged at INFO (logger ``opttree.loading.draft_dtype``).
@@ -37,7 +37,7 @@ import torch
 
 from ..budget.calibration import cache_dir, cache_mode
 from ..budget.calibration_file import parse_seconds, read_keyed_file
-from ..hf import fast_linear
+from ..hf import linears
 from . import dtype_probe
 from .dtype_probe import cast_copy, model_dtype
 from .files import META_FILE, WEIGHTS_FILE
@@ -49,7 +49,7 @@ AUTO = "auto"
 CHOICES = {"float32": torch.float32, "bfloat16": torch.bfloat16}  # what "auto" picks from
 MIN_SPEEDUP = 1.15  # bfloat16 must beat float32 by this factor (less is timing noise)
 FILE_FORMAT = "opttree-draft-dtype/1"
-CHOICE_VERSION = 2  # bump when the probe changes: older files are then ignored (2: it times expand_probs)
+CHOICE_VERSION = 3  # bump when the probe changes: older files are then ignored (3: the linears' kernels chosen per shape)
 _probing = threading.Lock()  # one probe at a time: two at once would time each other
 ACCEPTED = ("None (the target's dtype; float32 for a feature head), 'auto' (float32 or bfloat16, measured), "
             "or a floating-point torch.dtype such as torch.float32 or torch.bfloat16")
@@ -140,7 +140,7 @@ def choice_key(identity: dict, device: torch.device) -> dict:
         "cpu": cpu_model(),
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
-        "weight_major": fast_linear.mode(),
+        "linear": linears.mode(),
         "probe": {"prefix": dtype_probe.PROBE_PREFIX, "widths": list(dtype_probe.PROBE_WIDTHS),
                   "min_speedup": MIN_SPEEDUP},
     }

@@ -22,11 +22,13 @@ from ..hf import kv_cache
 from ..tree.draft_tree import DraftTree
 from ..tree.masks import ForwardInputs, batch_verification_inputs, verification_inputs
 from ..tree.plan import BudgetPolicy
+from ..tree.sizes import padded_size
 from ..verify.acceptance import Acceptance
 from .stats import GenerationStats, StepStats
 from .stopping import StopRule
 
 logger = logging.getLogger(__name__)
+
 
 def left_padding(attention_mask: torch.Tensor) -> torch.Tensor:
     """attention_mask: [B, T] (1 = token, 0 = padding) -> [B] long, each row's left padding.
@@ -67,21 +69,30 @@ class Slots:
 
     length: int  # cache slots before this step's roots
     valid: torch.Tensor | None  # [R, length] bool, each row's own slots; None: all are the one row's
+    fixed_sizes: bool = True  # pad each verification forward to one of tree.sizes.VERIFY_SIZES rows
 
     def root_positions(self, rows: list[Row]) -> list[int]:
         """Each row's root position: its committed tokens before the root."""
         return [len(row.tokens) - 1 for row in rows]
 
+    def size(self, trees: list[DraftTree]) -> int:
+        """The rows of this step's verification forward: the root and the largest tree, padded."""
+        rows = 1 + max(len(tree) for tree in trees)
+        return padded_size(rows) if self.fixed_sizes else rows
+
     def inputs(self, roots: torch.Tensor, trees: list[DraftTree], rows: list[Row], dtype: torch.dtype) -> ForwardInputs:
-        """The verification forward's inputs: roots [R] long, then each row's tree."""
+        """The verification forward's inputs: roots [R] long, then each row's tree, then dummy rows
+        up to :meth:`size`."""
+        size = self.size(trees)
         if self.valid is None:
-            return verification_inputs(roots, trees[0], self.length, dtype)
+            return verification_inputs(roots, trees[0], self.length, dtype, size=size)
         positions = torch.tensor(self.root_positions(rows), device=roots.device)
-        return batch_verification_inputs(roots, trees, positions, self.valid, dtype)
+        return batch_verification_inputs(roots, trees, positions, self.valid, dtype, size=size)
 
     def keep(self, cache, acceptances: list[Acceptance]) -> None:
         """Each row keeps its root and accepted path (the verify forward put row b's root at
-        ``length`` and its node i at ``length + 1 + i``); everything else of the step is dropped."""
+        ``length`` and its node i at ``length + 1 + i``); everything else of the step (rejected
+        nodes, dummy rows) is dropped."""
         past = self.length
         if self.valid is None:
             nodes = acceptances[0].nodes

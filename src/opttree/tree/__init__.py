@@ -7,7 +7,8 @@
   static, sampled); :mod:`.sampled`: the tree drawn from the draft's q; :mod:`.static_trees`: fixed shapes;
 * :mod:`.plan`: what one step's tree may be (``StepPlan``), asked of a ``BudgetPolicy``;
 * :mod:`.config`: ``TreeConfig``, the user's tree settings;
-* :mod:`.masks`: a tree as a model's inputs: 4D additive mask, rotary positions, cache slots.
+* :mod:`.masks`: a tree as a model's inputs: 4D additive mask, rotary positions, cache slots;
+* :mod:`.sizes`: the few sizes a verification forward is padded to.
 
 The ground floor: imports nothing else of opttree; every other folder may import it.
 """

@@ -1,11 +1,16 @@
 """Tree inputs for a stock HF causal LM: 4D additive masks, rotary positions and cache slots.
 
 A forward over q new tokens on top of ``past_len`` cached ones takes
-  attention_mask  [1, 1, q, past_len + q]  additive, 0 where visible, finfo(dtype).min elsewhere
+  attention_mask  [1, 1, q, kv]  additive, 0 where visible, finfo(dtype).min elsewhere
                   (an additive mask in the model dtype: a bool mask gave wrong logits in bf16 eager);
+                  kv = past_len + q for a growing cache, a static cache's whole length otherwise
+                  (the slots past the new tokens hidden);
   position_ids    [1, q]  rotary / learned positions = past_len + depth of each token;
   cache_position  [q]     cache slots = past_len … past_len + q - 1.
-Positions and cache slots differ for tree tokens: siblings share a position, never a slot.
+Positions and cache slots differ for tree tokens: siblings share a position, never a slot. A
+verification forward has q = one of :data:`~opttree.tree.sizes.VERIFY_SIZES` rows: the root, the
+tree, then dummy rows (the root's token and position; no real row sees them, their outputs are
+unused and their slots dropped).
 
 A batch (rows of different lengths and trees, opttree.loop.rows) shares the cache slots: the mask is
 [B, 1, q, past_len + q], each row seeing only the slots that hold ITS committed tokens (left
@@ -53,37 +58,49 @@ def tree_forward_inputs(
     past_len: int,
     dtype: torch.dtype,
     slot_ids: torch.Tensor | None = None,  # [≥ past_len + q] long 0, 1, ...: the cache slots are a slice of it
+    kv_len: int | None = None,  # the mask's key length: a static cache's length (≥ past_len + q); None: past_len + q
 ) -> ForwardInputs:
     """Inputs for q new tokens that see all cached tokens but the last ``c - q`` of them (earlier
     tree nodes), and of the last c columns (those nodes and the new tokens) what ``tail_visible``
-    allows."""
+    allows; slots after the new tokens (a static cache's) are hidden."""
     q, c = tail_visible.shape
     kv = past_len + q
     mask = torch.nn.functional.pad(_additive(tail_visible, dtype), (kv - c, 0))  # [q, kv] additive, the prefix visible
+    if kv_len is not None and kv_len > kv:
+        mask = torch.nn.functional.pad(mask, (0, kv_len - kv), value=torch.finfo(dtype).min)  # [q, kv_len]
     return ForwardInputs(
         input_ids=tokens.unsqueeze(0),
-        attention_mask=mask.view(1, 1, q, kv),
+        attention_mask=mask.view(1, 1, q, mask.shape[-1]),
         position_ids=positions.unsqueeze(0),
         cache_position=torch.arange(past_len, kv, device=tokens.device) if slot_ids is None else slot_ids[past_len:kv],
     )
 
 
-def verification_inputs(root_token, tree: DraftTree, past_len: int, dtype: torch.dtype) -> ForwardInputs:
-    """The target's input: the root (position past_len) then every tree node (past_len + depth).
+def verification_inputs(root_token, tree: DraftTree, past_len: int, dtype: torch.dtype, size: int | None = None,
+                        kv_len: int | None = None) -> ForwardInputs:
+    """The target's input: the root (position past_len), every tree node (past_len + depth), then
+    dummy rows up to ``size`` rows (None: none; see the module docstring). ``kv_len``: as
+    :func:`tree_forward_inputs`.
 
     root_token: an int or a [1] long tensor. Row 0 of the output predicts the root's children;
-    row 1 + i those of node i.
+    row 1 + i those of node i; rows from len(tree) + 1 on are the dummies'.
     """
     device = tree.tokens.device
+    rows = len(tree) + 1
+    extra = (size or rows) - rows
+    if extra < 0:
+        raise ValueError(f"a tree of {len(tree)} nodes needs {rows} rows, more than size={size}")
     root = torch.as_tensor(root_token, device=device).reshape(1)  # [1]
-    tokens = torch.cat([root, tree.tokens])  # [n + 1]
-    positions = torch.nn.functional.pad(tree.depths(), (1, 0)) + past_len  # [n + 1]
-    return tree_forward_inputs(tokens, positions, tree_visibility(tree), past_len, dtype)
+    tokens = torch.cat([root, tree.tokens, root.expand(extra)])  # [size]
+    positions = torch.nn.functional.pad(tree.depths(), (1, extra)) + past_len  # [size], dummies at the root's
+    return tree_forward_inputs(tokens, positions, tree_visibility(tree, extra), past_len, dtype, kv_len=kv_len)
 
 
-def tree_visibility(tree: DraftTree) -> torch.Tensor:
-    """[n + 1, n + 1] bool over the root (0) and the nodes (1 + i): each sees the root and its ancestors."""
-    return torch.nn.functional.pad(tree.ancestor_mask(), (1, 0, 1, 0), value=True).tril_()
+def tree_visibility(tree: DraftTree, extra: int = 0) -> torch.Tensor:
+    """[n + 1 + extra, n + 1 + extra] bool over the root (0), the nodes (1 + i) and ``extra`` dummy
+    rows: each node sees the root and its ancestors; a dummy sees the rows before it and itself,
+    and no row before it sees it."""
+    return torch.nn.functional.pad(tree.ancestor_mask(), (1, extra, 1, extra), value=True).tril_()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -119,16 +136,17 @@ def batch_forward_inputs(tokens: torch.Tensor, positions: torch.Tensor, visible:
 
 
 def batch_verification_inputs(roots: torch.Tensor, trees: list[DraftTree], root_positions: torch.Tensor,
-                              prefix_visible: torch.Tensor, dtype: torch.dtype) -> ForwardInputs:
+                              prefix_visible: torch.Tensor, dtype: torch.dtype, size: int | None = None) -> ForwardInputs:
     """The target's input for a batch: row b = its root, its tree, then dummy nodes up to the
-    largest tree (the root's token, seeing the prefix and themselves; their outputs are unused).
+    largest tree, or to ``size`` rows (the root's token, seeing the prefix and themselves; their
+    outputs are unused).
 
     roots: [B] long; root_positions: [B] long, each root's rotary position (= the row's count of
     committed tokens before it); prefix_visible: [B, past_len] bool, the slots of each row's
     committed tokens. Row b's logits are output rows 0 … len(trees[b]) (0 = the root).
     """
     rows, past_len = prefix_visible.shape
-    q = 1 + max(len(tree) for tree in trees)
+    q = max(1 + max(len(tree) for tree in trees), size or 0)
     device = prefix_visible.device
     tokens = roots[:, None].repeat(1, q)  # [B, q]
     positions = root_positions[:, None].repeat(1, q)  # [B, q]

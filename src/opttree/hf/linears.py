@@ -1,0 +1,336 @@
+"""The linears of opttree's own forwards on the CPU, each shape through the kernel measured fastest here.
+
+A verification forward runs the target over a few rows (the root, a tree, dummy rows up to one of
+:data:`opttree.tree.sizes.VERIFY_SIZES`), and a draft model's layers over a few more, so every
+linear gets an input ``x`` [rows, in] of 1 to 64 rows. Float32 and bfloat16 forwards of that shape
+stream the weights from memory once, and should cost about what one row costs; torch's stock GEMM
+does not (benchmarks/RESULTS.md, "Flat verification": on the 2-core AMD EPYC Zen 4, SmolLM2's 576 ×
+49,152 LM head took 11.3 / 24.6 / 19.7 ms for 1 / 2 / 16 rows). The kernels:
+
+- ``"stock"``: ``F.linear``, whatever GEMM the torch build picks;
+- ``"weight_major"`` (float32): ``(W @ x.T).T``, the weight as the GEMM's large operand, read once
+  (one row padded to two);
+- ``"onednn"``: oneDNN's matmul on a copy of the weight reordered once into its blocked layout
+  (``torch.ops.mkldnn._reorder_linear_weight`` / ``_linear_pointwise``, what Inductor emits for a
+  frozen linear); it serves any row count. The copy costs one more weight's memory (538 MB for
+  SmolLM2-135M in float32), made at the first product that tries it (70 ms for the LM head here) and
+  kept while the weight lives, and made again if the weight changes in place.
+
+MKL's packed GEMM (``torch.ops.mkl._mkl_linear``) is no candidate: it needs a copy per row count and
+lost to oneDNN at every shape on the machines measured (``benchmarks/kernel.py --products``).
+
+Which kernel: ``OPTTREE_LINEAR=auto`` (the default) times each candidate TRIALS times per (dtype,
+threads, rows, out, in) inside the real forwards, the candidates taking turns, and keeps the fastest
+median for the process (:func:`decisions`). Inside a forward the weights come from memory, as in
+decoding; a micro-benchmark with a hot weight favours other kernels. ``OPTTREE_LINEAR=stock``,
+``weight_major`` or ``onednn`` fixes the kernel (where it applies; else stock). The old
+``OPTTREE_WEIGHT_MAJOR`` still answers: ``off`` = stock, ``on`` = weight_major, ``auto`` = auto.
+Results agree with ``F.linear`` to the dtype's rounding, as any two GEMM kernels do.
+
+Scope: nothing of torch is replaced. Inside ``with fast_linears(*models):`` the ``forward`` of each
+plain ``nn.Linear`` of ``models`` with a float32 or bfloat16 CPU weight is swapped for one that
+takes the chosen kernel in a thread with a block open and the stock path in any other thread; the
+class's forward comes back when the last block using the layer closes (blocks are refcounted under a
+lock). A layer whose ``forward`` someone already wrapped (accelerate's hooks) is left alone.
+Without models (``with fast_linears(): model.generate(...)``, the bench's ``plain-fl`` method) a
+per-thread ``TorchFunctionMode`` catches this thread's ``F.linear`` calls, at the price of a Python
+handler on every torch call of the thread. Products of more than MAX_ROWS rows (a prompt's prefill)
+always take the stock path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import statistics
+import threading
+import time
+import types
+from typing import Callable
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils.weak import WeakTensorKeyDictionary
+
+MAX_ROWS = 64  # products of more rows (prefills) take the stock path
+TRIALS = 3  # timed products of each candidate per key before "auto" picks one
+KERNELS = ("stock", "weight_major", "onednn")
+DTYPES = (torch.float32, torch.bfloat16)
+
+Key = tuple[torch.dtype, int, int, int, int]  # (dtype, torch threads, rows, out, in)
+
+F_LINEAR = torch._C._nn.linear  # the builtin behind torch.nn.functional.linear: what the mode looks for
+_stock = F_LINEAR  # the stock path (tests swap it to count its calls)
+
+
+# ---------------------------------------------------------------------------------------------
+# the kernels: (x [rows, in], weight [out, in], bias [out] | None) -> [rows, out]
+
+
+def _weight_major(flat: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    rows = flat.shape[0]
+    if rows == 1:
+        flat = torch.cat([flat, flat])  # [2, in]: a GEMM, not the single-threaded matrix-vector path
+    out = torch.mm(weight, flat.T).T[:rows]
+    return out if bias is None else out + bias
+
+
+_packed = WeakTensorKeyDictionary()  # weight -> (its _version when packed, the packed copy)
+_packed_lock = threading.Lock()
+
+
+def onednn_available() -> bool:
+    """Whether this torch has oneDNN's packed linear (a CPU build with mkldnn)."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+def packed_weight(weight: torch.Tensor) -> torch.Tensor:
+    """``weight``'s oneDNN-reordered copy, made once and kept while ``weight`` lives (again when it
+    changed in place)."""
+    entry = _packed.get(weight)
+    if entry is None or entry[0] != weight._version:
+        with _packed_lock:
+            entry = _packed.get(weight)
+            if entry is None or entry[0] != weight._version:
+                entry = (weight._version, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 16))
+                _packed[weight] = entry
+    return entry[1]
+
+
+def _onednn(flat: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(flat, packed_weight(weight), bias, "none", [], "")
+
+
+def _stock_kernel(flat: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return _stock(flat, weight, bias)
+
+
+_KERNEL: dict[str, Callable] = {"stock": _stock_kernel, "weight_major": _weight_major, "onednn": _onednn}
+
+
+def candidates(dtype: torch.dtype) -> tuple[str, ...]:
+    """The kernels that apply to a ``dtype`` CPU product here."""
+    if dtype == torch.float32:
+        return ("stock", "weight_major") + (("onednn",) if onednn_available() else ())
+    if dtype == torch.bfloat16 and onednn_available():
+        return ("stock", "onednn")
+    return ("stock",)
+
+
+# ---------------------------------------------------------------------------------------------
+# the choice
+
+
+_ALIASES = {"off": "stock", "on": "weight_major"}  # OPTTREE_WEIGHT_MAJOR's values
+
+
+def mode() -> str:
+    """``OPTTREE_LINEAR``: "auto" (the default: time the candidates per shape) or a kernel's name;
+    the old ``OPTTREE_WEIGHT_MAJOR=off|on|auto`` where OPTTREE_LINEAR is not set."""
+    value = os.environ.get("OPTTREE_LINEAR")
+    if value is None:
+        old = os.environ.get("OPTTREE_WEIGHT_MAJOR", "auto").strip().lower()
+        old = {"0": "off", "false": "off", "no": "off", "1": "on", "true": "on", "yes": "on"}.get(old, old)
+        if old not in ("auto", "on", "off"):
+            raise ValueError(f"OPTTREE_WEIGHT_MAJOR={old!r}: set OPTTREE_LINEAR to auto or one of {', '.join(KERNELS)}")
+        value = _ALIASES.get(old, old)
+    value = value.strip().lower()
+    if value not in ("auto", *KERNELS):
+        raise ValueError(f"OPTTREE_LINEAR={value!r}: set it to auto or one of {', '.join(KERNELS)}")
+    return value
+
+
+_lock = threading.Lock()  # guards _chosen and _trials: decodes in several threads share them
+_chosen: dict[Key, str] = {}  # key -> the kernel auto keeps
+_trials: dict[Key, dict[str, list[float]]] = {}  # key -> seconds of each candidate's timed products
+
+
+def decisions() -> dict[Key, str]:
+    """The kernels ``auto`` chose so far: ``{(dtype, threads, rows, out, in): kernel}``."""
+    with _lock:
+        return dict(_chosen)
+
+
+def forget_decisions() -> None:
+    """Start the choice afresh (a benchmark that changes threads or kernels between runs)."""
+    with _lock:
+        _chosen.clear()
+        _trials.clear()
+
+
+def pick(times: dict[str, list[float]]) -> str:
+    """The kernel with the lowest median time (ties: the earlier candidate)."""
+    return min(times, key=lambda name: statistics.median(times[name]))
+
+
+def _next_trial(key: Key, names: tuple[str, ...]) -> str:
+    """The candidate with the fewest timed products so far for ``key`` (candidates' order on ties)."""
+    with _lock:
+        times = _trials.get(key, {})
+        return min(names, key=lambda name: len(times.get(name, ())))
+
+
+def _record(key: Key, names: tuple[str, ...], name: str, seconds: float) -> None:
+    """One timed product; after TRIALS of each candidate the fastest median is kept. A product
+    finished after another thread decided ``key`` is dropped."""
+    with _lock:
+        if key in _chosen:
+            return
+        times = _trials.setdefault(key, {n: [] for n in names})
+        times[name].append(seconds)
+        if all(len(times[n]) >= TRIALS for n in names):
+            _chosen[key] = pick(times)
+            del _trials[key]
+
+
+def _trial(key: Key, names: tuple[str, ...], flat, weight, bias) -> torch.Tensor:
+    name = _next_trial(key, names)
+    start = time.perf_counter()
+    try:
+        out = _KERNEL[name](flat, weight, bias)
+    except (RuntimeError, NotImplementedError):  # a kernel this build or shape cannot run: never again here
+        with _lock:
+            _chosen.setdefault(key, "stock")
+        return _stock(flat, weight, bias)
+    _record(key, names, name, time.perf_counter() - start)
+    return out
+
+
+def fast_linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+                auto: bool = True, kernel: str = "stock") -> torch.Tensor:
+    """``F.linear(input, weight, bias)`` [..., out]: a CPU product of 1..MAX_ROWS rows in float32 or
+    bfloat16 through the kernel chosen for its shape (``auto``) or through ``kernel``."""
+    x = input
+    rows = x.numel() // x.shape[-1] if x.dim() and x.shape[-1] else 0
+    dtype = x.dtype
+    if (not 1 <= rows <= MAX_ROWS or x.device.type != "cpu" or dtype not in DTYPES or weight.dtype != dtype
+            or weight.dim() != 2 or (bias is not None and bias.dtype != dtype)):
+        return _stock(x, weight, bias)
+    names = candidates(dtype)
+    flat = x if x.dim() == 2 else x.reshape(rows, -1)  # [rows, in] (a view op only where it is needed)
+    if auto:
+        key = (dtype, torch.get_num_threads(), rows, *weight.shape)
+        name = _chosen.get(key)  # one dict read, atomic: no lock on the hot path
+        out = _trial(key, names, flat, weight, bias) if name is None else _KERNEL[name](flat, weight, bias)
+    else:
+        out = _KERNEL[kernel if kernel in names else "stock"](flat, weight, bias)
+    return out if x.dim() == 2 else out.reshape(*x.shape[:-1], weight.shape[0])
+
+
+# ---------------------------------------------------------------------------------------------
+# the scope: this thread's block, the call's models
+
+
+class _ThreadState(threading.local):
+    open = False  # this thread has a block open (a mode pushed, or models' linears swapped)
+    auto = True  # that block's kernel is chosen by timing
+    kernel = "stock"  # else the kernel it fixes
+
+
+_this_thread = _ThreadState()
+
+
+def active() -> bool:
+    """Whether this thread's linears currently go through :func:`fast_linear`."""
+    return _this_thread.open
+
+
+def _in_block(input, weight, bias=None):
+    return fast_linear(input, weight, bias, auto=_this_thread.auto, kernel=_this_thread.kernel)
+
+
+def linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear`` for opttree's own functional products, which no block can swap because they are
+    no ``nn.Linear`` (a feature head's output over its kept tokens, [k, H] x [K, H]^T): in a thread
+    with a block open, the block's kernels; elsewhere the stock path."""
+    if _this_thread.open:
+        return _in_block(input, weight, bias)
+    return _stock(input, weight, bias)
+
+
+def helps(*models) -> bool:
+    """Whether any of ``models`` (``torch.nn.Module``; anything else is skipped) has a float32 or
+    bfloat16 weight matrix on the CPU, i.e. linears a kernel here can take."""
+    return any(p.dim() == 2 and p.dtype in DTYPES and p.device.type == "cpu"
+               for m in models if isinstance(m, torch.nn.Module) for p in m.parameters())
+
+
+class FastLinearMode(TorchFunctionMode):
+    """This thread's ``F.linear`` calls on plain tensors through :func:`fast_linear`; every other torch
+    call, and a linear involving a tensor subclass with its own ``__torch_function__`` (``types`` not
+    empty), unchanged. Torch pops the mode while its handler runs, so the products inside do not recurse."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is F_LINEAR and not types:
+            return _in_block(*args, **(kwargs or {}))
+        return func(*args, **(kwargs or {}))
+
+
+_swap_lock = threading.Lock()  # guards _swaps: concurrent blocks may share models
+_swaps: dict[int, list] = {}  # id(module) -> [module, open blocks using it]
+
+
+def swappable(*models) -> list[torch.nn.Linear]:
+    """The plain ``nn.Linear`` layers of ``models`` with a float32 or bfloat16 CPU weight whose
+    ``forward`` is the class's own (a layer someone already wrapped is left alone)."""
+    return [m for model in models if isinstance(model, torch.nn.Module) for m in model.modules()
+            if type(m) is torch.nn.Linear and "forward" not in m.__dict__
+            and m.weight.dtype in DTYPES and m.weight.device.type == "cpu"]
+
+
+def _fast_forward(self: torch.nn.Linear, input: torch.Tensor) -> torch.Tensor:
+    """A swapped-in ``nn.Linear.forward``: the block's kernels in a thread with a block open, stock elsewhere."""
+    if _this_thread.open:
+        return _in_block(input, self.weight, self.bias)
+    return torch.nn.Linear.forward(self, input)
+
+
+def _swap_in(layers: list[torch.nn.Linear]) -> None:
+    with _swap_lock:
+        for m in layers:
+            entry = _swaps.setdefault(id(m), [m, 0])
+            if entry[1] == 0:
+                m.forward = types.MethodType(_fast_forward, m)
+            entry[1] += 1
+
+
+def _swap_out(layers: list[torch.nn.Linear]) -> None:
+    with _swap_lock:
+        for m in layers:
+            entry = _swaps[id(m)]
+            entry[1] -= 1
+            if entry[1] == 0:
+                del m.forward  # the class's forward again
+                del _swaps[id(m)]
+
+
+@contextlib.contextmanager
+def fast_linears(*models, on: bool = True):
+    """Within the block, this thread's few-row float32/bfloat16 CPU linears take the kernel chosen
+    for their shape (:func:`fast_linear`), unless ``on`` is False, ``OPTTREE_LINEAR=stock``, or
+    ``models`` are given and none has such a weight (:func:`helps`). With ``models`` their plain
+    ``nn.Linear`` layers are swapped for the block; without, a per-thread mode catches every
+    ``F.linear`` of the thread. A block opened inside another of this thread adds nothing."""
+    chosen = mode()
+    if not on or chosen == "stock" or active() or (models and not helps(*models)):
+        yield
+        return
+    _this_thread.open, _this_thread.auto, _this_thread.kernel = True, chosen == "auto", chosen
+    try:
+        if models:
+            layers = swappable(*models)
+            _swap_in(layers)
+            try:
+                yield
+            finally:
+                _swap_out(layers)
+        else:
+            with FastLinearMode():
+                yield
+    finally:
+        _this_thread.open = False
+
+
+__all__ = ["DTYPES", "KERNELS", "MAX_ROWS", "TRIALS", "FastLinearMode", "active", "candidates", "decisions",
+           "fast_linear", "fast_linears", "forget_decisions", "helps", "linear", "mode", "onednn_available",
+           "packed_weight", "pick", "swappable"]
