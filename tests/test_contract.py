@@ -104,14 +104,31 @@ def test_every_refusal_names_its_fix_and_how_it_is_checked():
 # each refusal: by name, before any forward, on every way in
 
 EXTRA = {"penalty_alpha": {"top_k": 4}}  # what the example needs beside it
-EXAMPLES = sorted(name for name, refusal in REFUSED.items() if refusal.example is not None)
+
+
+def filled_cache(target):
+    out = target(prompt(3, seed=9), use_cache=True)
+    return out.cache if "cache" in out else out.past_key_values
+
+
+TENSOR_EXAMPLES = {  # refused values the contract cannot hold as constants: made per target
+    "cache": filled_cache,
+    "encoder_hidden_states": lambda target: torch.zeros(1, 4, 32),
+    "encoder_attention_mask": lambda target: torch.ones(1, 4, dtype=torch.long),
+    "cu_seq_lens_q": lambda target: torch.tensor([0, 6], dtype=torch.int32),
+    "cu_seq_lens_k": lambda target: torch.tensor([0, 6], dtype=torch.int32),
+    "seq_idx": lambda target: torch.zeros(1, 6, dtype=torch.int32),
+    "mm_encoder_outputs": lambda target: torch.zeros(1, 4, 32),
+}
+EXAMPLES = sorted({name for name, refusal in REFUSED.items() if refusal.example is not None} | set(TENSOR_EXAMPLES))
 
 
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
 @pytest.mark.parametrize("name", EXAMPLES)
 def test_each_refused_value_is_refused_by_name_before_any_forward(name, family):
     target, draft = tiny_model(family), tiny_model(family, seed=1)
-    kw = {name: REFUSED[name].example, **EXTRA.get(name, {})}
+    example = TENSOR_EXAMPLES[name](target) if name in TENSOR_EXAMPLES else REFUSED[name].example
+    kw = {name: example, **EXTRA.get(name, {})}
     for way, run in ways(target, draft).items():
         with counted_forwards(target, draft) as calls:
             with pytest.raises((ValueError, NotImplementedError, TypeError)) as error:

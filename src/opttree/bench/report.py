@@ -133,13 +133,13 @@ class BenchResult:
 
     @property
     def ties(self) -> list[TurnRecord]:
-        """The turns (bf16/fp16) that leave plain's output only at near-ties of the target's scores."""
+        """The turns that leave plain's output only at near-ties of the target's scores (any dtype)."""
         return [r for r in self.records if r.verdict == Outcome.TIE]
 
     @property
     def ok(self) -> bool:
         """True when every method reproduced plain greedy generate() on every turn, up to near-ties
-        in bf16/fp16 (:mod:`opttree.tools.ties`); False on any mismatch."""
+        within the dtype's rounding (:mod:`opttree.tools.ties`); False on any mismatch."""
         return not self.mismatches
 
     @property

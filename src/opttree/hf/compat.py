@@ -69,8 +69,9 @@ def _generate_code():
 
 
 def generate_locals(max_depth: int = 5) -> dict:
-    """The local variables of the generate() call that called the caller's caller (read only; found by
-    generate()'s own code object, a few frames up at most), or {} when none is there."""
+    """The local variables of the generate() call a few frames above the caller (read only; found by
+    generate()'s own code object), or {} when none is there. generate() hands a ``custom_generate``
+    callable only the arguments ``_sample()`` lacks: what else it was given is read here."""
     frame = sys._getframe(1)
     code = _generate_code()
     for _ in range(max_depth):
