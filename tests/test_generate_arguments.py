@@ -195,6 +195,26 @@ def test_repetition_penalty_with_a_left_padded_batch(family, monkeypatch):
              repetition_penalty=1.5)
 
 
+PROCESSOR_OPTIONS = [
+    dict(repetition_penalty=1.5), dict(encoder_repetition_penalty=1.5), dict(encoder_no_repeat_ngram_size=2),
+    dict(no_repeat_ngram_size=2), dict(bad_words_ids=[[20], [30, 31]]), dict(sequence_bias={(40,): 5.0}),
+    dict(min_new_tokens=4, eos_token_id=50), dict(suppress_tokens=[41, 42]), dict(begin_suppress_tokens=[43]),
+    dict(exponential_decay_length_penalty=(2, 1.5), eos_token_id=44), dict(forced_eos_token_id=45),
+    dict(renormalize_logits=True, remove_invalid_values=True),
+    dict(watermarking_config=tf.WatermarkingConfig(bias=2.0, context_width=2)),
+]
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_generate_s_processor_options_in_a_left_padded_batch_equal_plain(family):
+    """Each row through every processor generate() builds from its options, row-wise or batch-aware."""
+    target, draft, ids, mask = batch(family)
+    for options in PROCESSOR_OPTIONS:
+        ref = target.generate(ids, attention_mask=mask, max_new_tokens=10, do_sample=False, **options)
+        out = spec(target, draft, input_ids=ids, attention_mask=mask, max_new_tokens=10, do_sample=False, **options)
+        assert torch.equal(out, ref), (family, options)
+
+
 # ---------------------------------------------------------------------------------------------
 # inputs_embeds next to input_ids; alone
 
@@ -278,7 +298,7 @@ class StopTokenizer(CharTokenizer):
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
-def test_stop_strings_with_a_tokenizer_equal_plain(family):
+def test_stop_strings_with_a_tokenizer_equal_plain(family, monkeypatch):
     target, draft = tiny_model(family), tiny_model(family, seed=1)
     tok = StopTokenizer()
     ids = torch.randint(3, 90, (1, 6), generator=torch.Generator().manual_seed(0))
@@ -302,6 +322,11 @@ def test_stop_strings_with_a_tokenizer_equal_plain(family):
     assert torch.equal(model.generate(ids, max_new_tokens=30, do_sample=False, tokenizer=tok, draft_model=draft), ref)
     config = tf.GenerationConfig(max_new_tokens=30, do_sample=False, stop_strings=[stop])
     assert torch.equal(SpeculativeGenerator(target, draft).generate(ids, generation_config=config, tokenizer=tok), ref)
+    from opttree.integration import entry  # negative control: issue 35's error where the criterion is not made first
+
+    monkeypatch.setattr(entry, "stop_strings_criterion", lambda model, kwargs: None)
+    with pytest.raises(ValueError, match="could not locate a tokenizer"):
+        ways(target, draft)["draft_model"](input_ids=ids, max_new_tokens=30, stop_strings=[stop], tokenizer=tok)
 
 
 # ---------------------------------------------------------------------------------------------
