@@ -81,7 +81,8 @@ def test_prefix_allowed_tokens_fn_greedy_batch_equals_plain(family, monkeypatch)
 @pytest.mark.parametrize("verifier", ["match", "rrs"])
 def test_prefix_allowed_tokens_fn_sampled_draws_stay_in_each_rows_set(family, verifier, monkeypatch):
     """Sampling (not equal to plain's draws): every drawn token inside its row's set; with
-    num_return_sequences=2 too, where row r belongs to prompt r // 2 (generate()'s batch_id)."""
+    num_return_sequences=2 too, each row with the batch_id plain's own processor gives it (prompt
+    r // 2 from transformers 5.2x, the row's own index before)."""
     target, draft, ids, mask = batch(family)
     target = tiny_model(family, seed=0)  # unsharpened: the draft's tokens often fall outside a row's set
     g = torch.Generator().manual_seed(0)
@@ -92,8 +93,12 @@ def test_prefix_allowed_tokens_fn_sampled_draws_stay_in_each_rows_set(family, ve
             assert set(out[b, ids.shape[1]:].tolist()) <= set(ALLOWED[b]), (b, out[b])
     two = spec(target, draft, input_ids=ids[:2], attention_mask=mask[:2], max_new_tokens=8, do_sample=True,
                num_return_sequences=2, prefix_allowed_tokens_fn=allowed, verifier=verifier, generator=g)
+    seen = []  # the batch_id plain's processor gives each of the 4 rows in its first step, in row order
+    target.generate(ids[:2], attention_mask=mask[:2], max_new_tokens=1, do_sample=True, num_return_sequences=2,
+                    prefix_allowed_tokens_fn=lambda b, sentence: seen.append(b) or allowed(b, sentence))
+    assert len(seen) == 4
     for r in range(4):
-        assert set(two[r, ids.shape[1]:].tolist()) <= set(ALLOWED[r // 2]), (r, two[r])
+        assert set(two[r, ids.shape[1]:].tolist()) <= set(ALLOWED[seen[r] % 3]), (r, seen, two[r])
     row_alone(monkeypatch)  # negative control: issue 35 drew tokens outside their row's set
     outside = 0
     for _ in range(4):
@@ -189,10 +194,18 @@ def test_repetition_penalty_with_a_left_padded_batch(family, monkeypatch):
     sampled = spec(target, draft, input_ids=ids, attention_mask=mask, max_new_tokens=6, do_sample=True,
                    repetition_penalty=1.5, generator=torch.Generator().manual_seed(0))
     assert sampled.shape == (3, ids.shape[1] + 6)
-    row_alone(monkeypatch)  # negative control: issue 35's error from inside transformers
-    with pytest.raises(ValueError, match="Incompatible `prompt_ignore_length` batch size"):
-        spec(target, draft, input_ids=ids, attention_mask=mask, max_new_tokens=10, do_sample=False,
-             repetition_penalty=1.5)
+    given = []  # what generate() builds its penalty with: per-row prompt_ignore_length from transformers 5.2x
+    with monkeypatch.context() as m:
+        real = tf.RepetitionPenaltyLogitsProcessor.__init__
+        m.setattr(tf.RepetitionPenaltyLogitsProcessor, "__init__",
+                  lambda self, penalty, prompt_ignore_length=None: given.append(prompt_ignore_length)
+                  or real(self, penalty, prompt_ignore_length))
+        target.generate(ids, attention_mask=mask, max_new_tokens=1, do_sample=False, repetition_penalty=1.5)
+    if isinstance(given[0], torch.Tensor):  # per-row state: issue 35's error without the batch context
+        row_alone(monkeypatch)  # negative control
+        with pytest.raises(ValueError, match="Incompatible `prompt_ignore_length` batch size"):
+            spec(target, draft, input_ids=ids, attention_mask=mask, max_new_tokens=10, do_sample=False,
+                 repetition_penalty=1.5)
 
 
 PROCESSOR_OPTIONS = [

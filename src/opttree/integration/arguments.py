@@ -99,8 +99,8 @@ def check_embeds(inputs_embeds: torch.Tensor | None, input_ids: torch.Tensor) ->
         raise ValueError("inputs_embeds= without input_ids=: opttree's draft proposes tokens from the prompt's ids; "
                          "pass input_ids= (the prompt's token ids) next to inputs_embeds=, or " + NO_DRAFT)
     if inputs_embeds.dim() != 3 or tuple(inputs_embeds.shape[:2]) != tuple(input_ids.shape):
-        raise ValueError(f"inputs_embeds= has shape {list(inputs_embeds.shape)} but input_ids= {list(input_ids.shape)}: "
-                         "pass one embedding per prompt token, [batch, length, hidden]")
+        raise ValueError(f"inputs_embeds= has shape {list(inputs_embeds.shape)} but input_ids= "
+                         f"{list(input_ids.shape)}: pass one embedding per prompt token, [batch, length, hidden]")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -44,8 +44,9 @@ def _decode(model, draft_model, given: dict, input_ids, logits_processor, stoppi
     TreeConfig(**given)  # bad settings fail before anything is loaded
     check_generation_mode(generation_config)
     check_call(generation_config, model_kwargs, logits_processor, input_ids)  # the contract's refusals (contract.py)
-    if cache_from_generate(model_kwargs) is not None:  # a cache it cannot rewrite: refused before calibration runs
-        kv_cache.check_cache(cache_from_generate(model_kwargs), 0)
+    given_cache = cache_from_generate(model_kwargs)
+    if given_cache is not None:  # a cache opttree cannot rewrite: refused before calibration's forwards
+        kv_cache.check_cache(given_cache, 0)
     draft_model = prepare_draft(draft_model, model)  # a draft folder: loaded once for this call
     sampling = bool(generation_config.do_sample)
     to_probs = draft_to_probs(logits_processor) if sampling else None  # the tree sees the q the verifier sees

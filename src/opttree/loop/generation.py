@@ -71,12 +71,13 @@ class DecodeSettings:
     new_policy: Callable[[], BudgetPolicy] | None = None  # makes each row's budget policy; None: config's fixed one
 
 
-def target_forward(target, inputs, cache, want_hidden: bool, extra: dict | None = None) -> tuple[torch.Tensor, tuple | None]:
+def target_forward(target, inputs, cache, want_hidden: bool,
+                   extra: dict | None = None) -> tuple[torch.Tensor, tuple | None]:
     """One target forward over every row's root and tree -> (logits [R, q, vocab] float32, and the
     hidden states (each [R, q, H]) when a drafter wants the target's features). extra: model inputs
-    beyond ids and masks (ModelInputs.verify), overriding ``inputs``'."""
-    out = target(**{**inputs.as_kwargs(), **(extra or {})}, **with_cache(target, cache), use_cache=True, logits_to_keep=0,
-                 output_hidden_states=want_hidden)
+    beyond ids and masks (ModelInputs.verify); its entries replace those of ``inputs``."""
+    out = target(**{**inputs.as_kwargs(), **(extra or {})}, **with_cache(target, cache), use_cache=True,
+                 logits_to_keep=0, output_hidden_states=want_hidden)
     return out.logits.float(), out.hidden_states if want_hidden else None
 
 
@@ -187,7 +188,8 @@ def step_stats(built: BuiltTree, tree: DraftTree, acceptance: Acceptance, emitte
 
 
 def speculative_decode(target, drafter: Drafter | DrafterRows, input_ids: torch.Tensor, cache, settings: DecodeSettings,
-                       attention_mask: torch.Tensor | None = None, model_inputs: ModelInputs | None = None) -> DecodeResult:
+                       attention_mask: torch.Tensor | None = None,
+                       model_inputs: ModelInputs | None = None) -> DecodeResult:
     """Decode every row of ``input_ids`` ([B, T] long, left-padded when B > 1 and the prompts differ in
     length; ``attention_mask`` [B, T], 0 on the padding, None: no padding) with ``settings``;
     ``model_inputs``: the prompt's inputs_embeds / token_type_ids, fed as generate() feeds them.
@@ -213,7 +215,8 @@ def speculative_decode(target, drafter: Drafter | DrafterRows, input_ids: torch.
     timed = any(not isinstance(row.policy, FixedPolicy) for row in rows)  # "auto" learns from device times
     wants_hidden = drafters.wants_hidden_states  # the drafter reads the target's features
     batched = count > 1 and len(settings.logits_processor or []) > 0  # processors see row b at its batch index
-    walk = walker(settings, want_rows, processing(settings.logits_processor, rows, settings.pad_token_id) if batched else None)
+    walk = walker(settings, want_rows,
+                  processing(settings.logits_processor, rows, settings.pad_token_id) if batched else None)
     dtype = target.dtype  # the verify masks' (read once: HF's ``model.dtype`` walks the parameters)
     batch_steps: list[StepStats] = []
 
@@ -239,8 +242,9 @@ def speculative_decode(target, drafter: Drafter | DrafterRows, input_ids: torch.
         # 2. verify: ONE target forward over every row's root and tree
         roots = rows[0].sequence[-1:] if len(rows) == 1 else torch.stack([row.sequence[-1] for row in rows])
         inputs = slots.inputs(roots, trees, rows, dtype)
-        extra = None if model_inputs is None else model_inputs.verify(target, inputs.input_ids, [row.index for row in rows],
-                                                                     first=not every_row[0].stats.steps)
+        first = not every_row[0].stats.steps  # the roots are the prompts' last tokens
+        extra = None if model_inputs is None else model_inputs.verify(target, inputs.input_ids,
+                                                                     [row.index for row in rows], first)
         logits, hidden = target_forward(target, inputs, cache, wants_hidden, extra)
         logits = logits.to(roots.device)  # [R, q, vocab], where generate() keeps ids
 
