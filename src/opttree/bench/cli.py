@@ -47,8 +47,9 @@ def parser(prog: str = "python -m opttree.bench") -> argparse.ArgumentParser:
         description="Spec-Bench for YOUR model pair: plain generate(), HF assisted generation, HF prompt "
                     "lookup and opttree side by side (greedy, batch 1), interleaved per prompt, every output "
                     "checked against plain greedy generate(). Writes summary.md, records.jsonl, Spec-Bench "
-                    "answer files and plots. Exit code 1 if any method's output differs from plain (in bf16/fp16: "
-                    "other than at near-ties of the target's own scores, reported as ties).",
+                    "answer files and plots. Exit code 1 if any method's output differs from plain other than at "
+                    "near-ties of the target's own scores (within the dtype's rounding, float32 included; reported "
+                    "as ties).",
         formatter_class=HelpFormatter,
         epilog=f"Try it: {prog} --quick --draft drafts/smollm2-135m-head --assistant drafts/smollm2-135m-draft "
                f"(from the repository's root). The numbers that count need Spec-Bench's questions: {SPEC_BENCH_URL}.",

@@ -4,8 +4,8 @@ the report that writes them and the plots that draw them: the runner imports the
 the plots, all three this module, and this module none of them.
 
 Definitions (Spec-Bench's, greedy, batch 1): see :mod:`opttree.bench.report`. A turn's ``verdict``
-is :mod:`opttree.tools.ties`'s: ``equal`` (plain's tokens), ``tie`` (a bf16/fp16 output that leaves plain's
-only at near-ties of the target's own scores) or ``mismatch`` (an error; in float32 any difference).
+is :mod:`opttree.tools.ties`'s: ``equal`` (plain's tokens), ``tie`` (an output that leaves plain's only at
+near-ties of the target's own scores, within the dtype's rounding, float32 included) or ``mismatch`` (an error).
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ class Summary:
     tau: float  # mean tokens per decoding step
     step_cost: float  # mean time of one decoding step / plain's mean time per token: speedup = τ / step_cost
     equal: int  # turns whose tokens equal plain generate()'s
-    ties: int  # turns that leave plain's tokens only at near-ties (bf16/fp16; opttree.tools.ties)
+    ties: int  # turns that leave plain's tokens only at near-ties (any dtype; opttree.tools.ties)
     mean_expected_length: float | None = None  # opttree: mean E(A) per step
     mean_tree_size: float | None = None
     draft_share: float | None = None  # opttree: drafting time / (drafting + verifying)

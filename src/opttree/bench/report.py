@@ -133,13 +133,13 @@ class BenchResult:
 
     @property
     def ties(self) -> list[TurnRecord]:
-        """The turns (bf16/fp16) that leave plain's output only at near-ties of the target's scores."""
+        """The turns that leave plain's output only at near-ties of the target's scores (any dtype)."""
         return [r for r in self.records if r.verdict == Outcome.TIE]
 
     @property
     def ok(self) -> bool:
         """True when every method reproduced plain greedy generate() on every turn, up to near-ties
-        in bf16/fp16 (:mod:`opttree.tools.ties`); False on any mismatch."""
+        within the dtype's rounding (:mod:`opttree.tools.ties`); False on any mismatch."""
         return not self.mismatches
 
     @property
@@ -182,8 +182,8 @@ class BenchResult:
                 "one decoding step in units of plain generate()'s time per token, so speedup ≈ τ / step cost "
                 "(why a method is fast or slow: few tokens per step, or costly steps); E(A) = Σp̂ of each "
                 "verified tree; draft % = drafting share of opttree's draft + verify time; greedy = plain: turns whose "
-                "output is plain greedy generate()'s, or (bf16/fp16) leaves it only at near-ties of the target's own "
-                "scores. Warm-up runs excluded."]
+                "output is plain greedy generate()'s, or leaves it only at near-ties of the target's own scores "
+                "(within rounding of the dtype: float32 included). Warm-up runs excluded."]
         return "\n".join(out) + "\n"
 
     def ties_section(self) -> list[str]:
@@ -192,7 +192,7 @@ class BenchResult:
             return []
         out = ["## Near-ties", "", f"{len(self.ties)} turn(s) left plain's output only where plain's own top "
                f"scores were within {TIE_EPS_MULTIPLE:g} eps(dtype) × max|score| of each other (rounding of a "
-               "tree forward vs a one-token forward in bf16/fp16; DESIGN.md, *Lossless in low precision*); "
+               "tree forward vs a one-token forward, in any dtype; DESIGN.md, *Lossless up to rounding*); "
                "they count as correct.", "", "| method | question | turn | new token | plain | got | gap | bound |",
                "|---|---|---|---|---|---|---|---|"]
         for r in self.ties:

@@ -7,7 +7,7 @@ import os
 
 import torch
 
-from ..hf.validation import check_attention, context_length, vocab_size
+from ..hf.validation import check_attention, check_causal_lm, context_length, vocab_size
 from .base import Drafter, ToProbs
 from .feature_head import FeatureHead, FeatureHeadDrafter
 from .model import ModelDrafter
@@ -46,7 +46,8 @@ def make_drafter(draft, target, to_probs: ToProbs | None = None) -> Drafter:
 
 
 def check_pair(target, draft, tokenizer=None, draft_tokenizer=None) -> None:
-    """The draft must share the target's vocabulary and both must accept tree masks."""
+    """The draft must be a causal LM sharing the target's vocabulary, and both must accept tree masks."""
+    check_causal_lm(draft, "draft")
     if getattr(target.config, "is_encoder_decoder", False) or getattr(draft.config, "is_encoder_decoder", False):
         raise NotImplementedError("opttree supports decoder-only causal LMs; encoder-decoder models are not supported")
     check_attention(target, "target")

@@ -68,21 +68,27 @@ def _generate_code():
     return inspect.unwrap(GenerationMixin.generate).__code__
 
 
+def generate_locals(max_depth: int = 5) -> dict:
+    """The local variables of the generate() call a few frames above the caller (read only; found by
+    generate()'s own code object), or {} when none is there. generate() hands a ``custom_generate``
+    callable only the arguments ``_sample()`` lacks: what else it was given is read here."""
+    frame = sys._getframe(1)
+    code = _generate_code()
+    for _ in range(max_depth):
+        frame = frame.f_back
+        if frame is None:
+            return {}
+        if frame.f_code is code:
+            return frame.f_locals
+    return {}
+
+
 def streamer_kept_by_generate(max_depth: int = 4):
     """The streamer generate() runs with, for a ``custom_generate=`` callable it called.
 
     generate() puts the prompt into its ``streamer`` and then calls a custom_generate callable
     WITHOUT it: transformers 5.x hands a callable only the arguments ``_sample()`` lacks, and
     ``_sample()`` takes the streamer. So a callable that streams reads it from generate()'s frame
-    (read only; found by generate()'s own code object, a few frames up at most). None when the
-    caller is not generate() or it has no streamer.
+    (:func:`generate_locals`). None when the caller is not generate() or it has no streamer.
     """
-    frame = sys._getframe(1)
-    code = _generate_code()
-    for _ in range(max_depth):
-        frame = frame.f_back
-        if frame is None:
-            return None
-        if frame.f_code is code:
-            return frame.f_locals.get("streamer")
-    return None
+    return generate_locals(max_depth + 1).get("streamer")

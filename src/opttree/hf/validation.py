@@ -25,6 +25,24 @@ def context_length(model) -> int | None:
     return None
 
 
+def check_causal_lm(model, role: str) -> None:
+    """A model that returns next-token logits: a transformers model with an LM head (a base model such
+    as LlamaModel returns hidden states only)."""
+    from transformers import PreTrainedModel
+
+    name = type(model).__name__
+    if not isinstance(model, PreTrainedModel):
+        raise TypeError(f"the {role} model is a {name}, not a transformers model; pass a causal LM loaded with "
+                        "AutoModelForCausalLM.from_pretrained(...)")
+    if model.get_output_embeddings() is None:
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+        causal = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(getattr(model.config, "model_type", None))
+        raise TypeError(f"the {role} model is a {name}, a base model without an LM head: its forward returns hidden "
+                        "states, not next-token logits; load it with AutoModelForCausalLM.from_pretrained(...)"
+                        + (f" (a {causal})" if isinstance(causal, str) else ""))
+
+
 def check_attention(model, role: str) -> None:
     impl = getattr(model.config, "_attn_implementation", None) or "eager"
     if impl not in TREE_MASK_BACKENDS:
@@ -51,6 +69,7 @@ def check_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor | None, m
 
 
 SPECULATIVE_OPTIONS = ("prompt_lookup_num_tokens", "assistant_early_exit", "use_mtp")
+MODE_ARGUMENTS = ("penalty_alpha", "dola_layers", "constraints", "force_words_ids")  # what selects the other modes
 
 
 def check_generation_mode(generation_config) -> None:
@@ -76,7 +95,9 @@ def check_generation_mode(generation_config) -> None:
             f"opttree decodes one sequence per prompt (greedy or sampled) and cannot run beam search "
             f"(num_beams={generation_config.num_beams}): pass num_beams=1, or drop draft_model= for beam search"
         )
+    named = ", ".join(f"{name}={getattr(generation_config, name)!r}" for name in MODE_ARGUMENTS
+                      if getattr(generation_config, name, None) is not None)
     raise NotImplementedError(
         f"opttree replaces greedy decoding and sampling only; these generate() arguments ask for "
-        f"{mode.value.replace('_', ' ')}: drop them, or drop draft_model= for that mode"
+        f"{mode.value.replace('_', ' ')} ({named}): drop them, or drop draft_model= for that mode"
     )

@@ -4,6 +4,8 @@
   :func:`speculative`, :class:`SpeculativeGenerator`, and :func:`hub_generate` for the Hub's
   ``custom_generate/`` folder). Each runs generate()'s own preparation, then one decode of the loop.
 * :mod:`.defaults`: what generate() does with the tree arguments left out (``"auto"`` where it can).
+* :mod:`.contract`: every argument plain generate() takes, read from transformers, honoured, refused by
+  name, or documented as not applying; :mod:`.arguments` enforces the refusals before any forward.
 
 The top floor: it may import any other folder of opttree (the loop, the drafters, the budget, verify,
 tree, hf); nothing below imports it.

@@ -15,14 +15,16 @@ from ..budget import calibration
 from ..drafters import make_drafter
 from ..drafters.make import check_pair, is_draft_model
 from ..hf import kv_cache
-from ..hf.compat import cache_from_generate, output_cache, streamer_kept_by_generate
+from ..hf.compat import cache_from_generate, generate_locals, output_cache, streamer_kept_by_generate
 from ..hf.linears import fast_linears
 from ..hf.validation import check_generation_mode, check_inputs, context_length
 from ..loading import prepare_draft
 from ..loop.generation import DecodeSettings, speculative_decode
+from ..loop.model_inputs import ModelInputs
 from ..loop.stats import GenerationStats
 from ..tree.config import TreeConfig
 from ..verify.sampling import draft_to_probs
+from .arguments import check_call, check_dropped_arguments, stop_strings_criterion
 from .defaults import TREE_ARGS, given_settings, resolve
 
 
@@ -41,6 +43,10 @@ def _decode(model, draft_model, given: dict, input_ids, logits_processor, stoppi
         raise ValueError("speculative generation needs draft_model=<a small causal LM with the target's vocabulary>")
     TreeConfig(**given)  # bad settings fail before anything is loaded
     check_generation_mode(generation_config)
+    check_call(generation_config, model_kwargs, logits_processor, input_ids)  # the contract's refusals (contract.py)
+    given_cache = cache_from_generate(model_kwargs)
+    if given_cache is not None:  # a cache opttree cannot rewrite: refused before calibration's forwards
+        kv_cache.check_cache(given_cache, 0)
     draft_model = prepare_draft(draft_model, model)  # a draft folder: loaded once for this call
     sampling = bool(generation_config.do_sample)
     to_probs = draft_to_probs(logits_processor) if sampling else None  # the tree sees the q the verifier sees
@@ -80,7 +86,8 @@ def _decode(model, draft_model, given: dict, input_ids, logits_processor, stoppi
         new_policy=policy,
     )
     with torch.inference_mode(), fast_linears(model, *drafter.modules()):  # few-row CPU linears' kernels (hf.linears)
-        result = speculative_decode(model, drafters, input_ids, cache, settings, attention_mask=attention_mask)
+        result = speculative_decode(model, drafters, input_ids, cache, settings, attention_mask=attention_mask,
+                                    model_inputs=ModelInputs.of(model_kwargs))
     if generation_config.return_dict_in_generate:  # a batch's cache has lost its finished rows: not returned
         return SpeculativeDecoderOnlyOutput(
             sequences=result.sequences, scores=result.scores, logits=result.logits,
@@ -124,6 +131,8 @@ def speculative_generate(
     from a callable after putting the prompt in it: :func:`opttree.hf.compat.streamer_kept_by_generate`)."""
     given = given_settings(nodes=nodes, threshold=threshold, max_depth=max_depth, strategy=strategy,
                            verifier=verifier, static_tree=static_tree)
+    caller = generate_locals()  # what generate() kept from this callable (read only)
+    check_dropped_arguments(model, {k: caller.get(k) for k in ("assistant_model", "synced_gpus")})
     kept = streamer_kept_by_generate()
     streamer = kept if streamer is None else streamer
     return _decode(model, draft_model, given, input_ids, logits_processor, stopping_criteria,
@@ -143,14 +152,17 @@ def _bound(draft_model, given: dict, streamer, generator):
     return custom_generate
 
 
-def bind_call(draft_model, generator, kwargs: dict):
-    """generate()'s ``custom_generate=`` callable for a call with ``draft_model=``: takes opttree's
-    tree arguments and the streamer out of ``kwargs`` (in place) and checks them first."""
+def bind_call(model, draft_model, generator, kwargs: dict):
+    """generate()'s ``custom_generate=`` callable for ``model.generate(**kwargs)`` with ``draft_model=``:
+    takes opttree's tree arguments and the streamer out of ``kwargs`` (in place) and checks them first;
+    what generate() would drop before a callable is refused or, for stop_strings=, made here."""
     given = given_settings(**{k: kwargs.pop(k) for k in TREE_ARGS if k in kwargs})
     if kwargs.get("assistant_model") is not None:
         raise ValueError("draft_model= and assistant_model= are two speculative methods; pass one (opttree "
                          "takes the assistant itself as draft_model=)")
     TreeConfig(**given)  # bad settings fail now, before generate() prepares anything
+    check_dropped_arguments(model, kwargs)
+    stop_strings_criterion(model, kwargs)
     return _bound(draft_model, given, kwargs.pop("streamer", None), generator)
 
 
@@ -162,7 +174,7 @@ def hub_generate(model, draft_model=None, generator=None, **arguments):
     if draft_model is None:
         raise ValueError("opttree's custom_generate needs draft_model=<a small causal LM with the target's "
                          "vocabulary, a draft folder, or 'prompt_lookup'>")
-    return type(model).generate(model, custom_generate=bind_call(draft_model, generator, arguments), **arguments)
+    return type(model).generate(model, custom_generate=bind_call(model, draft_model, generator, arguments), **arguments)
 
 
 class SpeculativeGenerationMixin:
@@ -182,7 +194,7 @@ class SpeculativeGenerationMixin:
         if custom is not None and custom is not speculative_generate:
             raise ValueError("draft_model= runs opttree through generate()'s custom_generate hook; pass "
                              "draft_model= or custom_generate=, not both")
-        return super().generate(*args, custom_generate=bind_call(draft_model, generator, kwargs), **kwargs)
+        return super().generate(*args, custom_generate=bind_call(self, draft_model, generator, kwargs), **kwargs)
 
     def __reduce_ex__(self, protocol):
         """Pickling (torch.save, multiprocessing) keeps the speculative class: it is rebuilt from the
@@ -262,6 +274,8 @@ class SpeculativeGenerator:
         if kwargs.get("draft_model") is not None or kwargs.get("custom_generate") is not None:
             raise ValueError("this SpeculativeGenerator already has its draft; pass draft_model= to its constructor, "
                              "or call the target's own generate() with draft_model=/custom_generate=")
+        check_dropped_arguments(self.target, kwargs)
+        stop_strings_criterion(self.target, kwargs)
         streamer = kwargs.pop("streamer", None)
         want_dict = kwargs.pop("return_dict_in_generate", False)
         out = self.target.generate(

@@ -11,6 +11,7 @@ import torch
 
 from ..drafters.feature_head import FeatureHead
 from ..drafters.mixed import MixedDrafter
+from ..hf.validation import check_causal_lm
 from .draft_dtype import check_dtype, in_dtype
 from .draft_model import ReducedVocabHead, load_model_draft
 from .files import META_FILE, read_meta
@@ -65,6 +66,7 @@ def prepare_draft(draft, target):
         return MixedDrafter(*inner, draft.weight)
     draft = load_if_path(draft, target)
     if isinstance(draft, torch.nn.Module) and not isinstance(draft, FeatureHead):
+        check_causal_lm(draft, "draft")  # a base model, or no transformers model: refused before anything runs
         check_assembled_draft(draft)
     return draft
 

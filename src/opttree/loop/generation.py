@@ -26,8 +26,10 @@ from ..hf.compat import with_cache
 from ..tree.builder import BuiltTree, Growth
 from ..tree.config import TreeConfig
 from ..tree.plan import BudgetPolicy, FixedPolicy, StepPlan
+from .batch_context import processing
 from .clock import DraftClock
 from .lockstep import run_in_lockstep
+from .model_inputs import ModelInputs
 from .rows import Row, Slots, batch_step, combined_stats, commit_tokens, finish_together, left_padding, \
     output_sequences, per_token
 from ..tree.draft_tree import DraftTree
@@ -69,11 +71,13 @@ class DecodeSettings:
     new_policy: Callable[[], BudgetPolicy] | None = None  # makes each row's budget policy; None: config's fixed one
 
 
-def target_forward(target, inputs, cache, want_hidden: bool) -> tuple[torch.Tensor, tuple | None]:
+def target_forward(target, inputs, cache, want_hidden: bool,
+                   extra: dict | None = None) -> tuple[torch.Tensor, tuple | None]:
     """One target forward over every row's root and tree -> (logits [R, q, vocab] float32, and the
-    hidden states (each [R, q, H]) when a drafter wants the target's features)."""
-    out = target(**inputs.as_kwargs(), **with_cache(target, cache), use_cache=True, logits_to_keep=0,
-                 output_hidden_states=want_hidden)
+    hidden states (each [R, q, H]) when a drafter wants the target's features). extra: model inputs
+    beyond ids and masks (ModelInputs.verify); its entries replace those of ``inputs``."""
+    out = target(**{**inputs.as_kwargs(), **(extra or {})}, **with_cache(target, cache), use_cache=True,
+                 logits_to_keep=0, output_hidden_states=want_hidden)
     return out.logits.float(), out.hidden_states if want_hidden else None
 
 
@@ -87,12 +91,16 @@ def tree_depth(tree: DraftTree) -> int:
     return int(tree.depths().max()) if len(tree) else 0
 
 
-def node_choice(sequence: torch.Tensor, logits_processor, pick, generator=None):
+def node_choice(sequence: torch.Tensor, logits_processor, pick, generator=None, apply=None):
     """verify()'s ``choose`` and ``process`` at the nodes of a tree hanging under ``sequence``
-    ([T] long, every committed token: what generate()'s processors see as the context)."""
+    ([T] long, every committed token: what generate()'s processors see as the context).
+    apply(context [L], scores [vocab]) -> [vocab]: the processors on this row of a batch
+    (batch_context.processing); None: ``logits_processor`` on the row alone."""
 
     def process(emitted: list[int], row: torch.Tensor) -> torch.Tensor:  # the node's processed scores
         context = torch.cat([sequence, torch.tensor(emitted, dtype=sequence.dtype, device=sequence.device)])
+        if apply is not None:
+            return apply(context, row)
         return logits_processor(context[None, :], row[None, :])[0]
 
     def choose(emitted: list[int], row: torch.Tensor):
@@ -125,23 +133,25 @@ def draft_trees(clock: DraftClock, rows: list[Row], caps: list[int], plans: list
 
 
 def prefill(target, input_ids: torch.Tensor, mask: torch.Tensor, cache, slots: Slots, drafters: DrafterRows,
-            rows: list[Row]) -> None:
+            rows: list[Row], model_inputs: ModelInputs | None = None) -> None:
     """The target's forward over every prompt column but the last, positions as generate()'s; a
     drafter that wants the target's features gets those of every row's tokens (padding excluded)."""
     extra = {}
     if slots.valid is not None:  # padding or several rows: each row's positions count its own tokens
         positions = (mask.long().cumsum(-1) - 1).masked_fill(~mask, 0)
         extra = dict(attention_mask=mask[:, :-1].long(), position_ids=positions[:, :-1])
-    out = target(input_ids=input_ids[:, :-1], **with_cache(target, cache), use_cache=True, logits_to_keep=1,
+    inputs = model_inputs.prefill(input_ids) if model_inputs is not None else {"input_ids": input_ids[:, :-1]}
+    out = target(**inputs, **with_cache(target, cache), use_cache=True, logits_to_keep=1,
                  output_hidden_states=drafters.wants_hidden_states, **extra)
     if drafters.wants_hidden_states:
         drafters.add_features([drafters.features_from(b, row_hidden(out.hidden_states, b))[row.pad:]
                                for b, row in enumerate(rows)])
 
 
-def walker(settings: DecodeSettings, want_rows: bool):
+def walker(settings: DecodeSettings, want_rows: bool, apply=None):
     """walk(row, built, tree, logits [n + 1, vocab]) -> the row's Acceptance: the target's own token
-    at the root and at each accepted node. Greedy without processors: every node at once, one read."""
+    at the root and at each accepted node. Greedy without processors: every node at once, one read.
+    apply(b, context, scores): the processors on row b of a batch (batch_context.processing)."""
     config, logits_processor, do_sample, generator = (settings.config, settings.logits_processor, settings.do_sample,
                                                       settings.generator)
     pick = sampled_choice if do_sample else greedy_choice
@@ -151,7 +161,8 @@ def walker(settings: DecodeSettings, want_rows: bool):
         if fast:
             acceptance = greedy_walk(tree, logits, built.pool_ids, built.depth_bound)
             return with_rows(acceptance, logits) if want_rows else acceptance
-        choose, process = node_choice(row.sequence, logits_processor, pick, generator)
+        row_apply = None if apply is None else (lambda context, scores: apply(row.index, context, scores))
+        choose, process = node_choice(row.sequence, logits_processor, pick, generator, row_apply)
         return verify(built, tree, logits, choose, config, process=process if do_sample else None, generator=generator)
 
     return walk
@@ -177,9 +188,11 @@ def step_stats(built: BuiltTree, tree: DraftTree, acceptance: Acceptance, emitte
 
 
 def speculative_decode(target, drafter: Drafter | DrafterRows, input_ids: torch.Tensor, cache, settings: DecodeSettings,
-                       attention_mask: torch.Tensor | None = None) -> DecodeResult:
+                       attention_mask: torch.Tensor | None = None,
+                       model_inputs: ModelInputs | None = None) -> DecodeResult:
     """Decode every row of ``input_ids`` ([B, T] long, left-padded when B > 1 and the prompts differ in
-    length; ``attention_mask`` [B, T], 0 on the padding, None: no padding) with ``settings``.
+    length; ``attention_mask`` [B, T], 0 on the padding, None: no padding) with ``settings``;
+    ``model_inputs``: the prompt's inputs_embeds / token_type_ids, fed as generate() feeds them.
 
     drafter: a Drafter (its :meth:`Drafter.rows` view is taken) or a DrafterRows for B rows.
 
@@ -201,7 +214,9 @@ def speculative_decode(target, drafter: Drafter | DrafterRows, input_ids: torch.
         row.stats.prompt_tokens = len(row.tokens)
     timed = any(not isinstance(row.policy, FixedPolicy) for row in rows)  # "auto" learns from device times
     wants_hidden = drafters.wants_hidden_states  # the drafter reads the target's features
-    walk = walker(settings, want_rows)
+    batched = count > 1 and len(settings.logits_processor or []) > 0  # processors see row b at its batch index
+    walk = walker(settings, want_rows,
+                  processing(settings.logits_processor, rows, settings.pad_token_id) if batched else None)
     dtype = target.dtype  # the verify masks' (read once: HF's ``model.dtype`` walks the parameters)
     batch_steps: list[StepStats] = []
 
@@ -209,7 +224,7 @@ def speculative_decode(target, drafter: Drafter | DrafterRows, input_ids: torch.
     mask = attention_mask.bool() if attention_mask is not None else torch.ones_like(input_ids, dtype=torch.bool)
     slots = Slots(input_ids.shape[1] - 1, None if count == 1 and not padded else mask[:, :-1].clone())
     if input_ids.shape[1] > 1:
-        prefill(target, input_ids, mask, cache, slots, drafters, rows)
+        prefill(target, input_ids, mask, cache, slots, drafters, rows, model_inputs)
 
     while rows:
         # 1. draft every row's tree (not deeper than its tokens still allowed and the context)
@@ -226,7 +241,11 @@ def speculative_decode(target, drafter: Drafter | DrafterRows, input_ids: torch.
 
         # 2. verify: ONE target forward over every row's root and tree
         roots = rows[0].sequence[-1:] if len(rows) == 1 else torch.stack([row.sequence[-1] for row in rows])
-        logits, hidden = target_forward(target, slots.inputs(roots, trees, rows, dtype), cache, wants_hidden)
+        inputs = slots.inputs(roots, trees, rows, dtype)
+        first = not every_row[0].stats.steps  # the roots are the prompts' last tokens
+        extra = None if model_inputs is None else model_inputs.verify(target, inputs.input_ids,
+                                                                     [row.index for row in rows], first)
+        logits, hidden = target_forward(target, inputs, cache, wants_hidden, extra)
         logits = logits.to(roots.device)  # [R, q, vocab], where generate() keeps ids
 
         # 3. walk each row's tree: the target's own token at the root and at each accepted node

@@ -2,7 +2,8 @@
 
 * :mod:`.viz`: pictures of a step's tree and of a run's statistics (matplotlib);
 * :mod:`.overhead`: counts of a step's aten ops, kernel launches and host reads outside the forwards;
-* :mod:`.ties`: greedy equality in bf16/fp16: equal, a near-tie of plain's own scores, or a mismatch.
+* :mod:`.ties`: greedy equality up to rounding, in every dtype: equal, a near-tie of plain's own scores, or a
+  mismatch.
 
 May import: :mod:`opttree.tree` and the loop's stats. Used by ``opttree bench``, the benchmarks, the
 tests and the notebook.

@@ -1,0 +1,266 @@
+"""generate()'s whole contract with a draft: every argument plain ``generate()`` takes is in exactly
+one of three sets.
+
+- :data:`HONOURED`: opttree's output is plain's with it (greedy: token for token, up to a near-tie of
+  plain's own top scores within the dtype's rounding; sampled: plain's own law).
+- :data:`REFUSED`: a value opttree cannot honour is refused by name, before any forward runs, with
+  what to do instead (``Refusal.refuses`` says which values; its other values, the defaults among
+  them, change nothing opttree cannot reproduce).
+- :data:`NOT_APPLYING`: it changes nothing in plain generate()'s greedy or sampled decoding of a
+  decoder-only model (beam-search and assisted-generation options, metadata), so there is nothing
+  to honour.
+
+The names are not typed from memory: :func:`generate_arguments` reads them from transformers itself
+(``GenerationConfig``'s fields, generate()'s signature and the keywords its body pops, and the model
+kwargs generate() accepts for a model), and ``tests/test_contract.py`` fails on any name that is in
+none of the sets or in two, so a transformers release that adds an argument fails until it is placed.
+:mod:`.arguments` enforces the refusals.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from dataclasses import dataclass
+from typing import Callable
+
+from transformers import GenerationConfig
+from transformers.generation.utils import GenerationMixin
+
+__all__ = ["HONOURED", "NOT_APPLYING", "REFUSED", "Refusal", "generate_arguments", "placement", "unplaced"]
+
+
+def _given(value) -> bool:
+    """Any value but generate()'s "not given" (None, False)."""
+    return value is not None and value is not False
+
+
+@dataclass(frozen=True)
+class Refusal:
+    fix: str  # what to do instead (the error reads "<name>=<value>: <fix>")
+    refuses: Callable[[object], bool] = _given  # which values are refused
+    checked_by: str | None = None  # where the check lives when it needs more than the value itself
+    example: object = None  # a refused value (tests pass it to generate()); None: tested by checked_by's tests
+
+
+BEAM_ONLY = "a beam-search option: it takes effect only with num_beams > 1, which opttree refuses by name"
+ASSISTED_ONLY = ("an option of HF's assisted generation: it takes effect only with assistant_model= (or "
+                 "prompt_lookup_num_tokens=), which opttree refuses next to draft_model=")
+NO_DRAFT = "call generate() without draft_model= for it"
+
+HONOURED: dict[str, str] = {
+    # the prompt
+    "inputs": "the prompt's token ids (generate()'s first argument)",
+    "input_ids": "the prompt's token ids",
+    "attention_mask": "left padding of a batch (rows' positions and masks as generate() derives them)",
+    "inputs_embeds": "next to input_ids=: the prompt's KV and its last position from the embeddings, every new token "
+                     "by id, as generate() (loop/model_inputs.py); alone it is refused (see arguments.py)",
+    "token_type_ids": "the prompt's, then each row's last value repeated for every new token, as generate()",
+    # length and stopping
+    "max_length": "MaxLengthCriteria, decided on the host",
+    "max_new_tokens": "MaxLengthCriteria, decided on the host",
+    "min_length": "MinLengthLogitsProcessor at every node",
+    "min_new_tokens": "MinNewTokensLengthLogitsProcessor at every node",
+    "max_time": "MaxTimeCriteria, asked token by token",
+    "stop_strings": "StopStringCriteria with tokenizer=, on every entry point that sees the call's arguments "
+                    "(generate() drops tokenizer= before a custom_generate callable)",
+    "tokenizer": "builds stop_strings' criterion",
+    "eos_token_id": "EosTokenCriteria: EOS inside an accepted path ends the row where plain does",
+    "pad_token_id": "finished rows padded as generate() pads them",
+    "bos_token_id": "generate()'s own use (a prompt made from it)",
+    "stopping_criteria": "asked token by token on each row's context",
+    # decoding
+    "do_sample": "greedy walk or the exact sampling verifiers",
+    "temperature": "a warper at every node, and on the draft's q",
+    "top_k": "a warper at every node, and on the draft's q",
+    "top_p": "a warper at every node, and on the draft's q",
+    "min_p": "a warper at every node, and on the draft's q",
+    "top_h": "a warper at every node",
+    "typical_p": "a warper at every node, and on the draft's q",
+    "epsilon_cutoff": "a warper at every node, and on the draft's q",
+    "eta_cutoff": "a warper at every node, and on the draft's q",
+    "repetition_penalty": "a processor at every node, each row with its own prompt_ignore_length (batch context)",
+    "encoder_repetition_penalty": "a processor at every node, each row with its own prompt (batch context)",
+    "encoder_no_repeat_ngram_size": "a processor at every node, each row with its own prompt (batch context)",
+    "no_repeat_ngram_size": "a processor at every node",
+    "bad_words_ids": "a processor at every node",
+    "sequence_bias": "a processor at every node",
+    "renormalize_logits": "a processor at every node",
+    "forced_bos_token_id": "a processor at every node",
+    "forced_eos_token_id": "a processor at every node",
+    "remove_invalid_values": "a processor at every node",
+    "exponential_decay_length_penalty": "a processor at every node",
+    "suppress_tokens": "a processor at every node",
+    "begin_suppress_tokens": "a processor at every node",
+    "logits_processor": "at every node on the row's context; a processor with batch state sees row b at index b "
+                        "(loop/batch_context.py); stateful stock ones are refused (arguments.py)",
+    "prefix_allowed_tokens_fn": "called with each row's own batch index and context (loop/batch_context.py)",
+    "num_return_sequences": "with do_sample=True: each sequence is a row of the batch (greedy: refused by "
+                            "check_generation_mode)",
+    # outputs
+    "return_dict_in_generate": "SpeculativeDecoderOnlyOutput, with .stats",
+    "output_scores": "generate()'s per-token [batch, vocab] scores",
+    "output_logits": "generate()'s per-token [batch, vocab] logits",
+    "streamer": "the prompt, every accepted token, end(); one prompt, as generate()",
+    # the call
+    "generation_config": "generate()'s own preparation reads it",
+    "custom_generate": "the hook opttree runs through (another callable next to draft_model= is refused)",
+}
+
+NOT_APPLYING: dict[str, str] = {
+    "_from_model_config": "GenerationConfig metadata",
+    "transformers_version": "GenerationConfig metadata",
+    "early_stopping": BEAM_ONLY,
+    "length_penalty": BEAM_ONLY,
+    "num_beam_groups": BEAM_ONLY,
+    "diversity_penalty": BEAM_ONLY,
+    "low_memory": "a memory option of beam and contrastive search",
+    "use_cache": "plain decoding without a cache gives the same tokens; opttree's tree verification needs its cache",
+    "cache_config": "configures the cache cache_implementation= asks for (checked there)",
+    "max_cache_len": "sizes the cache cache_implementation= asks for (checked there)",
+    "continuous_batching_config": "only with cache_implementation='paged', which is refused",
+    "compile_config": "speed only: plain's forward compiled for a static cache; opttree does not compile",
+    "disable_compile": "speed only: plain's forward compiled for a static cache; opttree does not compile",
+    "decoder_start_token_id": "encoder-decoder models only (refused as targets and drafts)",
+    "is_assistant": "set by HF on an assistant model's own config",
+    "num_assistant_tokens": ASSISTED_ONLY,
+    "num_assistant_tokens_schedule": ASSISTED_ONLY,
+    "assistant_confidence_threshold": ASSISTED_ONLY,
+    "assistant_lookbehind": ASSISTED_ONLY,
+    "target_lookbehind": ASSISTED_ONLY,
+    "max_matching_ngram_size": ASSISTED_ONLY,
+    "assistant_ensemble_weight": ASSISTED_ONLY,
+    "speculation_type": ASSISTED_ONLY,
+    "assistant_tokenizer": ASSISTED_ONLY,
+    "negative_prompt_ids": "only with guidance_scale=, which is refused",
+    "negative_prompt_attention_mask": "only with guidance_scale=, which is refused",
+    "trust_remote_code": "loads a Hub decoding method (custom_generate='<repo>'); opttree's own is hub/",
+    "labels": "a training target: plain computes a loss it discards, the tokens are the same",
+    "logits_to_keep": "generate()'s own setting for its forwards; opttree asks for the logits each forward needs",
+    "output_router_logits": "a mixture-of-experts model's auxiliary output; plain discards it, the tokens are the same",
+}
+
+PACKED = ("a packed-sequence attention input (training with flash attention); opttree's forwards build "
+          "their own tree masks: drop it")
+INTERNAL = "generate()'s own bookkeeping between its forwards, not an argument: drop it"
+
+REFUSED: dict[str, Refusal] = {
+    "num_beams": Refusal("opttree decodes one sequence per prompt; pass num_beams=1, or drop draft_model=",
+                         lambda v: v is not None and v > 1, "hf.validation.check_generation_mode", 2),
+    "penalty_alpha": Refusal("contrastive search; drop it, or " + NO_DRAFT,
+                             lambda v: v is not None and v > 0, "hf.validation.check_generation_mode", 0.6),
+    "dola_layers": Refusal("DoLa decoding; drop it, or " + NO_DRAFT, _given,
+                           "hf.validation.check_generation_mode", "high"),
+    "constraints": Refusal("constrained beam search; drop it, or " + NO_DRAFT, _given,
+                           "hf.validation.check_generation_mode"),
+    "force_words_ids": Refusal("constrained beam search; drop it, or " + NO_DRAFT, _given,
+                               "hf.validation.check_generation_mode", [[5]]),
+    "prompt_lookup_num_tokens": Refusal("HF's prompt lookup; opttree's is draft_model='prompt_lookup'", _given,
+                                        "hf.validation.check_generation_mode", 3),
+    "assistant_early_exit": Refusal("HF's self-speculation; pass one speculative method", _given,
+                                    "hf.validation.check_generation_mode", 1),
+    "use_mtp": Refusal("HF's multi-token-prediction speculation; pass one speculative method", _given,
+                       "hf.validation.check_generation_mode", True),
+    "assistant_model": Refusal("HF's assisted generation; opttree takes the assistant itself as draft_model=", _given,
+                               "arguments.check_dropped_arguments"),
+    "guidance_scale": Refusal(
+        "classifier-free guidance runs a second, stateful forward per token that tree nodes would corrupt; "
+        + NO_DRAFT, lambda v: v is not None and v != 1, example=1.5),
+    "watermarking_config": Refusal(
+        "SynthID watermarking keeps a per-token state that tree nodes would corrupt (WatermarkingConfig is "
+        "honoured); " + NO_DRAFT, lambda v: type(v).__name__ == "SynthIDTextWatermarkingConfig"),
+    "token_healing": Refusal(
+        "generate() drops tokenizer= before a custom_generate callable; heal the prompt first "
+        "(ids = model.heal_tokens(ids, tokenizer=tok)) and generate from it with draft_model=",
+        checked_by="arguments.check_dropped_arguments"),
+    "prefill_chunk_size": Refusal("opttree prefills the prompt in one forward; drop it, or " + NO_DRAFT, example=2),
+    "output_attentions": Refusal(
+        "opttree's verification forward scores a whole tree, so per-token attentions are not generate()'s; "
+        + NO_DRAFT, example=True),
+    "output_hidden_states": Refusal(
+        "opttree's verification forward scores a whole tree, so per-token hidden states are not generate()'s; "
+        + NO_DRAFT, example=True),
+    "cache_implementation": Refusal(
+        "opttree keeps only the accepted path in a cache it can rewrite: drop cache_implementation=",
+        lambda v: v not in (None, "dynamic"), "hf.kv_cache.check_cache and arguments.check_dropped_arguments",
+        "static"),
+    "cache": Refusal("opttree starts from an empty DynamicCache: drop it", _given, "hf.kv_cache.check_cache"),
+    "past_key_values": Refusal("opttree starts from an empty DynamicCache: drop it", _given,
+                               "hf.kv_cache.check_cache"),
+    "cache_params": Refusal("opttree starts from an empty DynamicCache: drop it", _given,
+                            "hf.kv_cache.check_cache (generate() renames it cache=)"),
+    "position_ids": Refusal(
+        "opttree places every token by the attention mask, as generate() does by default; drop position_ids=",
+        checked_by="arguments.check_model_kwargs"),
+    "synced_gpus": Refusal("opttree's forwards are not kept in step across processes; " + NO_DRAFT,
+                           checked_by="arguments.check_dropped_arguments"),
+    "encoder_hidden_states": Refusal("cross-attention inputs are not passed to opttree's tree forward; " + NO_DRAFT),
+    "encoder_attention_mask": Refusal("cross-attention inputs are not passed to opttree's tree forward; " + NO_DRAFT),
+    "is_first_iteration": Refusal(INTERNAL, example=True),
+    "next_sequence_length": Refusal(INTERNAL, example=1),
+    "cu_seq_lens_q": Refusal(PACKED),
+    "cu_seq_lens_k": Refusal(PACKED),
+    "max_length_q": Refusal(PACKED, example=6),
+    "max_length_k": Refusal(PACKED, example=6),
+    "seq_idx": Refusal(PACKED),
+    "is_causal": Refusal(PACKED, example=True),
+    "num_items_in_batch": Refusal("a training loss's normaliser: drop it", example=4),
+    "debug_io": Refusal("a model-debugging hook opttree does not run: " + NO_DRAFT, example=True),
+    "mm_encoder_outputs": Refusal("a multimodal encoder's outputs: opttree decodes text-only causal LMs; "
+                                  + NO_DRAFT),
+}
+
+SETS = {"honoured": HONOURED, "refused": REFUSED, "not applying": NOT_APPLYING}
+
+
+def placement(name: str) -> list[str]:
+    """The sets ``name`` is in (exactly one for a placed argument)."""
+    return [label for label, members in SETS.items() if name in members]
+
+
+def unplaced(names) -> set[str]:
+    """The names in no set or in more than one."""
+    return {name for name in names if len(placement(name)) != 1}
+
+
+# ---------------------------------------------------------------------------------------------
+# the arguments, read from transformers itself
+
+
+def config_fields() -> set[str]:
+    """Every field of a default GenerationConfig (its to_dict(), the form generate() reads it in)."""
+    return set(GenerationConfig().to_dict())
+
+
+def generate_signature() -> set[str]:
+    """generate()'s own parameters and the keywords its body pops from ``**kwargs`` before the model
+    kwargs are split off (trust_remote_code, tokenizer, assistant_tokenizer, ...), and those its
+    decorators rename (past_key_values -> cache)."""
+    generate = GenerationMixin.generate
+    names = set(inspect.signature(generate).parameters) - {"self", "kwargs"}
+    for function in (generate, GenerationMixin._extract_generation_mode_kwargs):
+        names |= set(re.findall(r"kwargs\.pop\(\s*[\"'](\w+)[\"']", inspect.getsource(inspect.unwrap(function))))
+    names |= set(re.findall(r"deprecate_kwarg\(\s*[\"'](\w+)[\"']", inspect.getsource(generate)))
+    return names
+
+
+def model_kwargs(model) -> set[str]:
+    """The model kwargs generate() lets through for ``model`` (its ``_validate_model_kwargs``):
+    prepare_inputs_for_generation's parameters, the forward's when that takes ``**kwargs``, and
+    transformers' model-agnostic TransformersKwargs."""
+    from transformers.utils.generic import TransformersKwargs
+
+    names = set(inspect.signature(model.prepare_inputs_for_generation).parameters)
+    if names & {"kwargs", "model_kwargs"}:
+        names |= set(inspect.signature(model.forward).parameters)
+    names |= set(TransformersKwargs.__optional_keys__)
+    validate = inspect.getsource(type(model)._validate_model_kwargs)
+    listed = re.search(r"key not in \[([^\]]*)\]", validate)  # the names generate() always lets through
+    if listed:
+        names |= set(re.findall(r"[\"'](\w+)[\"']", listed.group(1)))
+    return names - {"self", "args", "kwargs", "model_kwargs"}
+
+
+def generate_arguments(model) -> set[str]:
+    """Every argument plain ``model.generate()`` takes, from transformers itself."""
+    return config_fields() | generate_signature() | model_kwargs(model)
