@@ -108,7 +108,9 @@ def test_tree_arguments_without_a_draft():
         model.generate(ids(), max_new_tokens=3, nodes=10)
 
 
-def test_static_cache_is_refused():
+def test_a_static_cache_with_a_batch_is_refused_by_name():
+    """A static cache is honoured for one prompt (tests/test_static_cache.py); a batch's rows share a cache
+    that grows and compacts, so a static one is refused there, naming the fix."""
     target = tiny_model("llama")
-    with pytest.raises(NotImplementedError, match="DynamicCache"):
-        run(target, target, ids(), cache_implementation="static")
+    with pytest.raises(NotImplementedError, match="StaticCache with a batch"):
+        run(target, target, ids(batch=2), cache_implementation="static")

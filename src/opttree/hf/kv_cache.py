@@ -4,28 +4,52 @@ After a tree forward the cache holds the committed prefix and then one slot per 
 :func:`keep_slots` moves the slots of the accepted path right behind the prefix and drops the
 rest, in place (no copy of the prefix, ~1 ms). ``Cache.crop`` takes a NEGATIVE count in
 transformers 5.x.
+
+Two kinds of cache are rewritten: a ``DynamicCache`` (it grows; the rest is cropped) and a
+``StaticCache`` (``cache_implementation="static"``, or one passed in: its layers hold
+``max_cache_len`` slots from the start, a forward's mask spans them all, and a static layer writes
+its new keys at its own count, ``cumulative_length``; keeping the accepted path moves it in place
+and sets that count, and the stale slots after it are hidden by the mask until they are written again).
 """
 
 from __future__ import annotations
 
 import torch
-from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+from transformers import DynamicCache, StaticCache
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer, StaticLayer
 
 from .compat import GENERATE_CACHE_NAME
+
+REWRITABLE = "a DynamicCache (the default) or a StaticCache (cache_implementation='static')"
 
 
 def new_cache(model) -> DynamicCache:
     return DynamicCache(config=model.config)
 
 
+def is_static(cache) -> bool:
+    """A StaticCache: fixed slots, a mask over all of them (what a compiled forward and CUDA graphs need)."""
+    return type(cache) is StaticCache
+
+
+def capacity(cache) -> int | None:
+    """A static cache's slots (a forward's mask spans them all); None: a cache that grows."""
+    return cache.layers[0].max_cache_len if is_static(cache) else None
+
+
 def check_cache(cache, max_total_len: int) -> None:
-    """Refuse caches whose slots cannot be moved (static, quantised, linear-attention ones), and
-    sliding-window layers that would have to drop tokens (not supported yet)."""
+    """Refuse caches whose slots cannot be moved (quantised, offloaded, linear-attention ones), a filled
+    one, and sliding-window layers that would have to drop tokens (not supported yet). A static cache
+    too small for ``max_total_len`` slots gets the room while it holds no tensor yet (generate() makes
+    one of max_length - 1 slots, which a tree overruns); one already allocated is refused, naming the
+    size to ask for."""
+    if is_static(cache):
+        _check_static(cache, max_total_len)
+        return
     if type(cache) is not DynamicCache:
         raise NotImplementedError(
-            f"opttree needs a DynamicCache to keep only the accepted tree path, got {type(cache).__name__}; "
-            f"call generate() without cache_implementation= or {GENERATE_CACHE_NAME}="
+            f"opttree keeps only the accepted tree path in {REWRITABLE}, got {type(cache).__name__}; "
+            f"call generate() with another cache_implementation= or {GENERATE_CACHE_NAME}="
         )
     if cache.get_seq_length() > 0:
         raise NotImplementedError(f"opttree starts from an empty cache; do not pass a filled {GENERATE_CACHE_NAME}=")
@@ -40,17 +64,51 @@ def check_cache(cache, max_total_len: int) -> None:
             )
 
 
+def _check_static(cache: StaticCache, max_total_len: int) -> None:
+    if cache.offloading or any(type(layer) is not StaticLayer for layer in cache.layers):
+        kinds = sorted({type(layer).__name__ for layer in cache.layers} - {"StaticLayer"}) or ["offloaded"]
+        raise NotImplementedError(f"opttree rewrites StaticCache layers of type StaticLayer, not {', '.join(kinds)}; "
+                                  "use cache_implementation='static' without offloading, or the default DynamicCache")
+    if cache_length(cache) > 0:
+        raise NotImplementedError(f"opttree starts from an empty cache; do not pass a filled {GENERATE_CACHE_NAME}=")
+    have = capacity(cache)
+    if have >= max_total_len:
+        return
+    if any(layer.is_initialized for layer in cache.layers):
+        raise ValueError(f"this StaticCache holds {have} slots, and this call may need {max_total_len} (the prompt, "
+                         f"the new tokens and one padded tree): make it StaticCache(..., max_cache_len={max_total_len})")
+    for layer in cache.layers:  # nothing allocated yet: the tensors are made at the first forward, this long
+        layer.max_cache_len = max_total_len
+
+
 def cache_length(cache) -> int:
-    return cache.get_seq_length()
+    """Slots holding committed tokens (a static cache's count; a dynamic cache's length)."""
+    return int(cache.get_seq_length())
 
 
-def keep_slots(cache: DynamicCache, start: int, slots: list[int]) -> None:
-    """Keep cache slots ``[0, start)`` followed by ``slots``; drop everything else.
+def _set_static_length(cache: StaticCache, length: int) -> None:
+    """A static cache's next forward writes from slot ``length`` on (what keep_slots keeps is before it)."""
+    for layer in cache.layers:
+        if layer.is_initialized:
+            layer.cumulative_length.fill_(length)
+
+
+def rewind(cache: DynamicCache | StaticCache, length: int) -> None:
+    """Back to ``length`` committed slots (a forward that failed half-way: what it wrote is dropped)."""
+    if is_static(cache):
+        _set_static_length(cache, length)
+    elif cache_length(cache) > length:
+        cache.crop(-(cache_length(cache) - length))
+
+
+def keep_slots(cache: DynamicCache | StaticCache, start: int, slots: list[int]) -> None:
+    """Keep cache slots ``[0, start)`` followed by ``slots``; drop everything else (a static
+    cache: set its count; the stale slots after it are hidden by the mask and written over).
 
     slots: ascending host ints, each >= start (the accepted path: already on the host, so
     deciding what to move reads nothing back). ONE index tensor serves every layer on a device.
     """
-    total = cache.get_seq_length()
+    total = cache_length(cache)
     k = len(slots)
     if k and slots != list(range(start, start + k)):
         index: dict[torch.device, torch.Tensor] = {}
@@ -62,7 +120,9 @@ def keep_slots(cache: DynamicCache, start: int, slots: list[int]) -> None:
                 index[device] = torch.tensor(slots, dtype=torch.long, device=device)
             layer.keys[..., start:start + k, :] = layer.keys[..., index[device], :]
             layer.values[..., start:start + k, :] = layer.values[..., index[device], :]
-    if total > start + k:
+    if is_static(cache):
+        _set_static_length(cache, start + k)
+    elif total > start + k:
         cache.crop(-(total - start - k))
 
 

@@ -102,6 +102,10 @@ HONOURED: dict[str, str] = {
     "output_scores": "generate()'s per-token [batch, vocab] scores",
     "output_logits": "generate()'s per-token [batch, vocab] logits",
     "streamer": "the prompt, every accepted token, end(); one prompt, as generate()",
+    # speed only: the same tokens
+    "compile_config": "where generate() would compile plain decoding (a static cache on a device it compiles for), "
+                      "opttree's verification forward runs through the same compiled callable (hf/compiled.py)",
+    "disable_compile": "no compiled verification forward, as generate() compiles none (hf/compiled.py)",
     # the call
     "generation_config": "generate()'s own preparation reads it",
     "custom_generate": "the hook opttree runs through (another callable next to draft_model= is refused)",
@@ -119,8 +123,6 @@ NOT_APPLYING: dict[str, str] = {
     "cache_config": "configures the cache cache_implementation= asks for (checked there)",
     "max_cache_len": "sizes the cache cache_implementation= asks for (checked there)",
     "continuous_batching_config": "only with cache_implementation='paged', which is refused",
-    "compile_config": "speed only: plain's forward compiled for a static cache; opttree does not compile",
-    "disable_compile": "speed only: plain's forward compiled for a static cache; opttree does not compile",
     "decoder_start_token_id": "encoder-decoder models only (refused as targets and drafts)",
     "is_assistant": "set by HF on an assistant model's own config",
     "num_assistant_tokens": ASSISTED_ONLY,
@@ -181,14 +183,16 @@ REFUSED: dict[str, Refusal] = {
         "opttree's verification forward scores a whole tree, so per-token hidden states are not generate()'s; "
         + NO_DRAFT, example=True),
     "cache_implementation": Refusal(
-        "opttree keeps only the accepted path in a cache it can rewrite: drop cache_implementation=",
-        lambda v: v not in (None, "dynamic"), "hf.kv_cache.check_cache and arguments.check_dropped_arguments",
-        "static"),
-    "cache": Refusal("opttree starts from an empty DynamicCache: drop it", _given, "hf.kv_cache.check_cache"),
-    "past_key_values": Refusal("opttree starts from an empty DynamicCache: drop it", _given,
-                               "hf.kv_cache.check_cache"),
-    "cache_params": Refusal("opttree starts from an empty DynamicCache: drop it", _given,
-                            "hf.kv_cache.check_cache (generate() renames it cache=)"),
+        "opttree keeps only the accepted path in a cache it can rewrite (dynamic or static): use "
+        "cache_implementation='static' or drop it",
+        lambda v: v not in (None, "dynamic", "static"), "hf.kv_cache.check_cache and arguments.check_dropped_arguments",
+        "offloaded_static"),
+    "cache": Refusal("opttree starts from an empty DynamicCache or StaticCache: pass an empty one or drop it", _given,
+                     "hf.kv_cache.check_cache"),
+    "past_key_values": Refusal("opttree starts from an empty DynamicCache or StaticCache: pass an empty one or drop it",
+                               _given, "hf.kv_cache.check_cache"),
+    "cache_params": Refusal("opttree starts from an empty DynamicCache or StaticCache: pass an empty one or drop it",
+                            _given, "hf.kv_cache.check_cache (generate() renames it cache=)"),
     "position_ids": Refusal(
         "opttree places every token by the attention mask, as generate() does by default; drop position_ids=",
         checked_by="arguments.check_model_kwargs"),

@@ -16,6 +16,7 @@ from ..drafters import make_drafter
 from ..drafters.make import check_pair, is_draft_model
 from ..hf import kv_cache
 from ..hf.compat import cache_from_generate, generate_locals, output_cache, streamer_kept_by_generate
+from ..hf.compiled import VerifyForward
 from ..hf.linears import fast_linears
 from ..hf.validation import check_generation_mode, check_inputs, context_length
 from ..loading import prepare_draft
@@ -23,6 +24,7 @@ from ..loop.generation import DecodeSettings, speculative_decode
 from ..loop.model_inputs import ModelInputs
 from ..loop.stats import GenerationStats
 from ..tree.config import TreeConfig
+from ..tree.sizes import padded_size
 from ..verify.sampling import draft_to_probs
 from .arguments import check_call, check_dropped_arguments, stop_strings_criterion
 from .defaults import TREE_ARGS, given_settings, resolve
@@ -67,8 +69,13 @@ def _decode(model, draft_model, given: dict, input_ids, logits_processor, stoppi
     if cache is None:
         cache = kv_cache.new_cache(model)
     room = cache_room(input_ids, max_length, max_context, config, policy().max_nodes)
+    if kv_cache.is_static(cache) and input_ids.shape[0] > 1:
+        raise NotImplementedError("a StaticCache with a batch of prompts: opttree keeps a batch's rows in a cache "
+                                  "that grows; pass one prompt per call with cache_implementation='static', or "
+                                  "drop cache_implementation= for the batch")
     for each in [cache, *drafters.caches()]:
         kv_cache.check_cache(each, room)
+    verify = VerifyForward.of(model, model_kwargs, generation_config)  # compiled where generate() would compile
     if streamer is not None and not prompt_streamed:
         streamer.put(input_ids.cpu())
     pad = generation_config._pad_token_tensor
@@ -84,8 +91,11 @@ def _decode(model, draft_model, given: dict, input_ids, logits_processor, stoppi
         output_scores=bool(generation_config.output_scores),
         output_logits=bool(generation_config.output_logits),
         new_policy=policy,
+        verify_forward=verify,
     )
-    with torch.inference_mode(), fast_linears(model, *drafter.modules()):  # few-row CPU linears' kernels (hf.linears)
+    # few-row CPU linears' kernels (hf.linears); a compiled target's linears are the compiler's
+    kernels = [m for m in [model, *drafter.modules()] if not (verify.compiles and m is model)]
+    with torch.inference_mode(), fast_linears(*kernels, on=bool(kernels)):
         result = speculative_decode(model, drafters, input_ids, cache, settings, attention_mask=attention_mask,
                                     model_inputs=ModelInputs.of(model_kwargs))
     if generation_config.return_dict_in_generate:  # a batch's cache has lost its finished rows: not returned
@@ -98,12 +108,12 @@ def _decode(model, draft_model, given: dict, input_ids, logits_processor, stoppi
 
 def cache_room(input_ids: torch.Tensor, max_length: int, max_context: int | None, config: TreeConfig,
                max_nodes: int) -> int:
-    """The most slots a cache may reach: the longest sequence plus one step's tree; a batch also
-    leaves holes (each step adds 1 + the most tokens any row accepted)."""
+    """The most slots a cache may reach: the longest sequence plus one step's tree padded to its
+    verification size; a batch also leaves holes (each step adds 1 + the most tokens any row accepted)."""
     if input_ids.shape[0] == 1:
-        return min(max_length, max_context or max_length) + max_nodes
+        return min(max_length, max_context or max_length) + padded_size(max_nodes + 1)
     steps = max(max_length - input_ids.shape[1], 1)
-    return input_ids.shape[1] + steps * (1 + min(max_nodes, config.max_depth)) + max_nodes
+    return input_ids.shape[1] + steps * (1 + min(max_nodes, config.max_depth)) + padded_size(max_nodes + 1)
 
 
 def speculative_generate(

@@ -22,7 +22,9 @@ from typing import Callable
 import torch
 
 from ..drafters.base import Drafter, DrafterRows
+from ..hf import kv_cache
 from ..hf.compat import with_cache
+from ..hf.compiled import VerifyForward
 from ..tree.builder import BuiltTree, Growth
 from ..tree.config import TreeConfig
 from ..tree.plan import BudgetPolicy, FixedPolicy, StepPlan
@@ -69,15 +71,18 @@ class DecodeSettings:
     output_scores: bool = False
     output_logits: bool = False
     new_policy: Callable[[], BudgetPolicy] | None = None  # makes each row's budget policy; None: config's fixed one
+    verify_forward: VerifyForward | None = None  # the verification forward (hf.compiled); None: the target, eager
 
 
-def target_forward(target, inputs, cache, want_hidden: bool,
-                   extra: dict | None = None) -> tuple[torch.Tensor, tuple | None]:
+def target_forward(target, inputs, cache, want_hidden: bool, extra: dict | None = None,
+                   forward: VerifyForward | None = None) -> tuple[torch.Tensor, tuple | None]:
     """One target forward over every row's root and tree -> (logits [R, q, vocab] float32, and the
     hidden states (each [R, q, H]) when a drafter wants the target's features). extra: model inputs
-    beyond ids and masks (ModelInputs.verify); its entries replace those of ``inputs``."""
-    out = target(**{**inputs.as_kwargs(), **(extra or {})}, **with_cache(target, cache), use_cache=True,
-                 logits_to_keep=0, output_hidden_states=want_hidden)
+    beyond ids and masks (ModelInputs.verify); its entries replace those of ``inputs``. forward: the
+    verification forward (compiled where generate() compiles, hf.compiled); None: the target, eager."""
+    kwargs = dict(**{**inputs.as_kwargs(), **(extra or {})}, **with_cache(target, cache), use_cache=True,
+                  logits_to_keep=0, output_hidden_states=want_hidden)
+    out = target(**kwargs) if forward is None else forward(cache, inputs.input_ids.shape[1], **kwargs)
     return out.logits.float(), out.hidden_states if want_hidden else None
 
 
@@ -222,7 +227,8 @@ def speculative_decode(target, drafter: Drafter | DrafterRows, input_ids: torch.
 
     # 0. prefill the target with all prompt columns but the last (every row's root)
     mask = attention_mask.bool() if attention_mask is not None else torch.ones_like(input_ids, dtype=torch.bool)
-    slots = Slots(input_ids.shape[1] - 1, None if count == 1 and not padded else mask[:, :-1].clone())
+    slots = Slots(input_ids.shape[1] - 1, None if count == 1 and not padded else mask[:, :-1].clone(),
+                  kv_len=kv_cache.capacity(cache))
     if input_ids.shape[1] > 1:
         prefill(target, input_ids, mask, cache, slots, drafters, rows, model_inputs)
 
@@ -245,7 +251,7 @@ def speculative_decode(target, drafter: Drafter | DrafterRows, input_ids: torch.
         first = not every_row[0].stats.steps  # the roots are the prompts' last tokens
         extra = None if model_inputs is None else model_inputs.verify(target, inputs.input_ids,
                                                                      [row.index for row in rows], first)
-        logits, hidden = target_forward(target, inputs, cache, wants_hidden, extra)
+        logits, hidden = target_forward(target, inputs, cache, wants_hidden, extra, settings.verify_forward)
         logits = logits.to(roots.device)  # [R, q, vocab], where generate() keeps ids
 
         # 3. walk each row's tree: the target's own token at the root and at each accepted node

@@ -70,6 +70,7 @@ class Slots:
     length: int  # cache slots before this step's roots
     valid: torch.Tensor | None  # [R, length] bool, each row's own slots; None: all are the one row's
     fixed_sizes: bool = True  # pad each verification forward to one of tree.sizes.VERIFY_SIZES rows
+    kv_len: int | None = None  # a static cache's slots (the mask spans them); None: a cache that grows
 
     def root_positions(self, rows: list[Row]) -> list[int]:
         """Each row's root position: its committed tokens before the root."""
@@ -85,7 +86,7 @@ class Slots:
         up to :meth:`size`."""
         size = self.size(trees)
         if self.valid is None:
-            return verification_inputs(roots, trees[0], self.length, dtype, size=size)
+            return verification_inputs(roots, trees[0], self.length, dtype, size=size, kv_len=self.kv_len)
         positions = torch.tensor(self.root_positions(rows), device=roots.device)
         return batch_verification_inputs(roots, trees, positions, self.valid, dtype, size=size)
 

@@ -1,0 +1,153 @@
+"""The verification forward compiled where generate() compiles plain decoding (hf/compiled.py): a
+static cache and a device generate() compiles for (a CPU here, forced with CompileConfig's
+``_compile_all_devices``, which generate() itself reads). Outputs equal plain greedy; every compiled
+graph has one of the fixed verification sizes; a compile that fails falls back to eager with one
+warning; and where generate() would not compile (a CPU by default, a dynamic cache,
+``disable_compile``) nothing is compiled."""
+
+import logging
+
+import pytest
+import torch
+from transformers import CompileConfig
+
+from models import peaked, tiny_model
+from opttree import speculative_generate
+from opttree.hf.compiled import VerifyForward
+from opttree.tree.sizes import VERIFY_SIZES
+
+PROMPT = torch.tensor([[5, 17, 33, 2, 41, 8, 19, 60, 11]])
+
+
+def sharp(family: str):
+    model = peaked(tiny_model(family), 30.0)
+    model.generation_config.eos_token_id = None
+    return model
+
+
+def forced(backend) -> CompileConfig:
+    config = CompileConfig(backend=backend, mode="default" if backend == "inductor" else None)
+    config._compile_all_devices = True  # what generate() reads to compile on any device
+    return config
+
+
+def decode(target, draft, **kw):
+    return target.generate(PROMPT, max_new_tokens=16, do_sample=False, cache_implementation="static",
+                           custom_generate=speculative_generate, draft_model=draft, nodes=5, threshold=0.0,
+                           return_dict_in_generate=True, **kw)
+
+
+class Recorder:
+    """A torch.compile backend that records the rows (input_ids' length) of each graph it compiles.
+    CompileConfig deep-copies its backend, so the record is a list shared by the copies."""
+
+    def __init__(self):
+        self.rows = []
+
+    def __deepcopy__(self, memo):
+        return self
+
+    def __call__(self, gm, example_inputs):
+        ids = [t for t in example_inputs if isinstance(t, torch.Tensor) and t.dtype == torch.long and t.dim() == 2]
+        self.rows.append(ids[0].shape[1] if ids else None)
+        return gm.forward
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gpt2"])
+def test_compiled_verification_equals_plain_and_compiles_only_fixed_sizes(family):
+    target = sharp(family)
+    plain = target.generate(PROMPT, max_new_tokens=16, do_sample=False)
+    recorder = Recorder()
+    out = decode(target, target, compile_config=forced(recorder))
+    assert torch.equal(out.sequences, plain)
+    assert out.stats.mean_accepted_tokens > 2.0
+    sizes = [r for r in recorder.rows if r is not None]
+    assert sizes and set(sizes) <= set(VERIFY_SIZES), recorder.rows  # graphs at fixed sizes only
+
+
+def test_the_inductor_compiled_verification_equals_plain():
+    target = sharp("llama")
+    plain = target.generate(PROMPT, max_new_tokens=16, do_sample=False)
+    assert torch.equal(decode(target, target, compile_config=forced("inductor")).sequences, plain)
+
+
+def test_a_compile_that_fails_falls_back_to_eager_with_one_warning(caplog):
+    def broken(gm, example_inputs):
+        raise RuntimeError("this backend cannot compile here")
+
+    target = sharp("llama")
+    plain = target.generate(PROMPT, max_new_tokens=16, do_sample=False)
+    with caplog.at_level(logging.WARNING, logger="opttree.hf.compiled"):
+        out = decode(target, target, compile_config=forced(broken))
+    assert torch.equal(out.sequences, plain)
+    warnings = [r for r in caplog.records if r.name == "opttree.hf.compiled"]
+    rows = {r.args[0] for r in warnings}
+    assert warnings and len(warnings) == len(rows)  # one warning per size, never one per step
+    assert all("running it eagerly" in r.getMessage() for r in warnings)
+
+
+def test_a_failure_half_way_rewinds_the_static_cache_before_the_eager_run():
+    """The compiled call fails after writing the cache (a runtime error of compiled code): the eager
+    run must write the same slots again. Negative control: without the rewind the count is off."""
+    from opttree.hf import kv_cache
+
+    target = sharp("llama")
+    plain = target.generate(PROMPT, max_new_tokens=16, do_sample=False)
+
+    def writes_then_fails(**kwargs):
+        target(**{**kwargs, "input_ids": torch.zeros_like(kwargs["input_ids"])})  # other keys written, count moved on
+        raise RuntimeError("compiled code failed after its writes")
+
+    forward = VerifyForward(target, writes_then_fails)
+    assert forward.compiles
+    out = decode_with(target, forward)
+    assert torch.equal(out, plain) and forward.failed
+    forward = VerifyForward(target, writes_then_fails)
+    real = kv_cache.rewind
+    kv_cache.rewind = lambda cache, length: None
+    try:
+        try:
+            stale = decode_with(target, forward)
+        except IndexError:  # the stale count runs the writes off the cache's end
+            stale = None
+    finally:
+        kv_cache.rewind = real
+    assert stale is None or not torch.equal(stale, plain)
+
+
+def decode_with(target, forward: VerifyForward) -> torch.Tensor:
+    """A static-cache decode whose verification forward is ``forward``."""
+    import opttree.integration.entry as entry
+
+    real = entry.VerifyForward.of
+    entry.VerifyForward.of = classmethod(lambda cls, *args: forward)
+    try:
+        return decode(target, target).sequences
+    finally:
+        entry.VerifyForward.of = real
+
+
+@pytest.mark.parametrize("kw", [{}, {"disable_compile": True, "compile_config": "forced"}, {"dynamic": True}])
+def test_where_generate_would_not_compile_nothing_is_compiled(kw, monkeypatch):
+    """A CPU by default; disable_compile=True; a dynamic cache (no cache_implementation)."""
+    target = sharp("llama")
+    seen = []
+    real = VerifyForward.of.__func__
+
+    def spy(cls, *args):
+        forward = real(cls, *args)
+        seen.append(forward.compiles)
+        return forward
+
+    monkeypatch.setattr(VerifyForward, "of", classmethod(spy))
+    args = dict(max_new_tokens=6, do_sample=False, custom_generate=speculative_generate, draft_model=target, nodes=3)
+    if kw.get("compile_config") == "forced":
+        args.update(compile_config=forced(Recorder()), disable_compile=True, cache_implementation="static")
+    elif not kw:
+        args.update(cache_implementation="static")
+    target.generate(PROMPT, **args)
+    assert seen == [False]
+    if not kw:  # control: the same call, forced, does compile
+        seen.clear()
+        target.generate(PROMPT, **{**args, "compile_config": forced(Recorder())})
+        assert seen == [True]
