@@ -1,59 +1,159 @@
-"""T(n): the target's forward over n new tokens after a cached prefix, per dtype (ms, median).
+"""T(n): the target's verification forward over each fixed size, against the time to stream its weights.
 
-What decides whether big trees pay on a machine: where T(n) stays flat, verifying a 60-node tree
-costs about one plain token; where it grows, only small trees pay.
+What decides whether big trees pay on a machine: a forward over a few rows streams every weight
+from memory once, so T(1) cannot beat the weights' stream time, and while the arithmetic hides
+behind the stream T(n) stays flat. This prints, from ONE run (so the same load):
 
-    .venv/bin/python benchmarks/verify_cost.py --threads 1            # SmolLM2-135M, float32 and bfloat16
+* the stream time: every weight of the target read once (``torch.sum`` of each, median of rounds),
+  its bytes and the bandwidth;
+* T(rows) for each verification size (:data:`opttree.tree.sizes.VERIFY_SIZES` up to ``--max-rows``),
+  the sizes taking turns within each round, eager:
+  - ``stock``: torch's own linears (plain decoding as users run it);
+  - ``kernels``: opttree's linears (``opttree.hf.linears``, ``auto``: each shape's fastest kernel);
+* with ``--compile``: the same forwards over a StaticCache through ``torch.compile`` (static shapes,
+  one graph per size; ``--freezing`` adds Inductor's freezing for that compile), the first call's
+  compile time per size and T(rows) after it; run it again for what a warm on-disk cache
+  (Inductor's FX graph cache) brings the first call down to;
+* T(16) / T(1) and T(1) / stream time, the issue's two figures.
+
+    .venv/bin/python benchmarks/verify_cost.py --threads 2                 # SmolLM2-135M, float32
+    .venv/bin/python benchmarks/verify_cost.py --random-weights --compile  # its shapes, random weights
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import statistics
 import time
 
 import torch
 
+PREFIX = 256
 
-def forward_ms(model, prefix: int, n: int, reps: int) -> float:
-    """Median ms of one forward over n random tokens after a fresh ``prefix``-token prefill."""
-    from transformers import DynamicCache
 
+def stream_ms(model, rounds: int = 7) -> tuple[float, int]:
+    """Median ms to read every distinct weight of ``model`` once, and their bytes."""
+    params = list({p.data_ptr(): p for p in model.parameters()}.values())
+    size = sum(p.numel() * p.element_size() for p in params)
+    times = []
+    with torch.inference_mode():
+        for _ in range(rounds):
+            start = time.perf_counter()
+            for p in params:
+                p.sum()
+            times.append(time.perf_counter() - start)
+    return 1e3 * statistics.median(times), size
+
+
+def eager_ms(model, rows: list[int], repeats: int, kernels: bool) -> list[float]:
+    """Median ms of a verification forward of each size in ``rows`` (the sizes take turns)."""
+    from opttree.budget import calibration
+    from opttree.hf import linears
+
+    nodes = [r - 1 for r in rows]
+    os.environ["OPTTREE_LINEAR"] = "auto" if kernels else "stock"
+    linears.forget_decisions()
+    with linears.fast_linears(model, on=kernels):
+        if kernels:  # let auto choose each shape's kernel first
+            calibration.measure_verify(model, nodes, PREFIX, repeats=len(linears.KERNELS) * linears.TRIALS)
+        return [1e3 * s for s in calibration.measure_verify(model, nodes, PREFIX, repeats=repeats)]
+
+
+def compiled_ms(model, rows: list[int], repeats: int, freezing: bool) -> tuple[list[float], list[float]]:
+    """(first-call seconds, median ms after it) of each size through torch.compile over a StaticCache;
+    the cache's count is set back after every forward (else the writes run off its end)."""
+    from transformers import StaticCache
+
+    from opttree.hf import kv_cache
     from opttree.hf.compat import with_cache
+    from opttree.tree import DraftTree
+    from opttree.tree.masks import verification_inputs
 
     vocab = model.config.vocab_size
-    times = []
-    for _ in range(reps):
-        cache = DynamicCache(config=model.config)
-        with torch.inference_mode():
-            model(input_ids=torch.randint(0, vocab, (1, prefix)), **with_cache(model, cache), use_cache=True,
-                  logits_to_keep=1)
-            tokens = torch.randint(0, vocab, (1, n))
+    length = PREFIX + max(rows)
+    cache = StaticCache(config=model.config, max_cache_len=length)
+    options = {"freezing": True} if freezing else {}
+    forward = torch.compile(model.__call__, dynamic=False, options=options)
+    first, after = [], []
+    with torch.no_grad():
+        model(input_ids=(torch.arange(PREFIX) * 7 % vocab)[None], **with_cache(model, cache), use_cache=True,
+              logits_to_keep=1)
+        for r in rows:
+            tree = DraftTree(torch.arange(r - 1) % vocab, torch.full((r - 1,), -1), torch.ones(r - 1))
+            inputs = verification_inputs(1, tree, PREFIX, model.dtype, size=r, kv_len=length).as_kwargs()
+            call = dict(**inputs, **with_cache(model, cache), use_cache=True, logits_to_keep=0)
             start = time.perf_counter()
-            model(input_ids=tokens, **with_cache(model, cache), use_cache=True, logits_to_keep=0)
-            times.append(time.perf_counter() - start)
-    return 1000 * sorted(times)[len(times) // 2]
+            forward(**call)
+            first.append(time.perf_counter() - start)
+            kv_cache.rewind(cache, PREFIX)
+            times = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                forward(**call)
+                times.append(time.perf_counter() - start)
+                kv_cache.rewind(cache, PREFIX)
+            after.append(1e3 * statistics.median(times))
+    return first, after
+
+
+def load(args):
+    if args.random_weights:
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        config = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                             num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
+                             tie_word_embeddings=True, rope_theta=100000.0)
+        config._attn_implementation = "sdpa"
+        return LlamaForCausalLM(config).eval()
+    from opttree.smollm2 import load_smollm2
+
+    return load_smollm2()[0].eval()
 
 
 def main(argv=None) -> None:
-    from opttree.loading.machine import cpu_model
-    from opttree.smollm2 import load_smollm2
+    from opttree.loading.machine import bf16_flags, cpu_model
+    from opttree.tree.sizes import VERIFY_SIZES
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--prefix", type=int, default=200)
-    parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--sizes", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64])
-    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--max-rows", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--random-weights", action="store_true", help="SmolLM2-135M's config, random weights")
+    parser.add_argument("--compile", action="store_true", help="also torch.compile over a StaticCache")
+    parser.add_argument("--freezing", action="store_true", help="with --compile: Inductor's freezing")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    target, _ = load_smollm2()
-    print(f"{cpu_model()}, torch {torch.__version__}, {args.threads} thread(s), prefix {args.prefix}, median of {args.reps}")
-    print("| dtype | " + " | ".join(str(n) for n in args.sizes) + " |")
-    print("|---|" + "---|" * len(args.sizes))
-    for name in args.dtypes:
-        model = target.to(getattr(torch, name))
-        print(f"| {name} | " + " | ".join(f"{forward_ms(model, args.prefix, n, args.reps):.0f}" for n in args.sizes) + " |",
-              flush=True)
+    model = load(args).to(getattr(torch, args.dtype))
+    rows = [r for r in VERIFY_SIZES if r <= args.max_rows]
+    saved = os.environ.get("OPTTREE_LINEAR")
+    try:
+        stream, size = stream_ms(model)
+        table = {"stock": eager_ms(model, rows, args.repeats, kernels=False),
+                 "kernels": eager_ms(model, rows, args.repeats, kernels=True)}
+        compiled = compiled_ms(model, rows, args.repeats, args.freezing) if args.compile else None
+        stream_again, _ = stream_ms(model)
+    finally:
+        if saved is None:
+            os.environ.pop("OPTTREE_LINEAR", None)
+        else:
+            os.environ["OPTTREE_LINEAR"] = saved
+    print(f"{cpu_model()} ({', '.join(bf16_flags()) or 'no AVX-512/AMX'}), torch {torch.__version__}, "
+          f"{args.threads} thread(s), {args.dtype}, {PREFIX}-token prefix, median of {args.repeats}")
+    print(f"weights: {size / 1e6:.0f} MB read in {stream:.1f} ms ({size / stream / 1e6:.1f} GB/s; "
+          f"{stream_again:.1f} ms at the end)")
+    print()
+    print("| ms | " + " | ".join(str(r) for r in rows) + " | T(16)/T(1) | T(1)/stream |")
+    print("|---|" + "---|" * (len(rows) + 2))
+    if compiled is not None:
+        table["compiled" + (" + freezing" if args.freezing else "")] = compiled[1]
+    for name, ms in table.items():
+        t1, t16 = ms[rows.index(1)], ms[rows.index(16)] if 16 in rows else float("nan")
+        print(f"| {name} | " + " | ".join(f"{m:.1f}" for m in ms) + f" | {t16 / t1:.2f} | {t1 / stream:.2f} |")
+    if compiled is not None:
+        print()
+        print("first call (compile) per size, s: " + ", ".join(f"{r}: {s:.0f}" for r, s in zip(rows, compiled[0])))
 
 
 if __name__ == "__main__":

@@ -69,12 +69,12 @@ def test_every_budget_name_has_one_home():
 
 
 def test_the_plan_seam_imports_nothing_heavy():
-    """Builders import the seam: at run time it needs only the standard library and opttree.tree.config."""
+    """Builders import the seam: at run time it needs only the standard library, opttree.tree.config and
+    opttree.tree.sizes (pure Python: the fixed verification sizes)."""
     import ast
     from pathlib import Path
 
-    from opttree.tree import config
-    from opttree.tree import plan
+    from opttree.tree import config, plan, sizes
 
     def runtime_imports(path):
         tree = ast.parse(Path(path).read_text())
@@ -84,8 +84,9 @@ def test_the_plan_seam_imports_nothing_heavy():
             elif isinstance(node, ast.ImportFrom):
                 yield "." * node.level + (node.module or "")
 
-    assert set(runtime_imports(plan.__file__)) == {"__future__", "dataclasses", "typing", ".config"}
+    assert set(runtime_imports(plan.__file__)) == {"__future__", "dataclasses", "typing", ".config", ".sizes"}
     assert set(runtime_imports(config.__file__)) <= {"__future__", "dataclasses", "math"}
+    assert set(runtime_imports(sizes.__file__)) <= {"__future__"}
     assert "torch" in set(runtime_imports(calibration.__file__))  # the check can see an import (control)
 
 
@@ -405,6 +406,9 @@ class RecordingPolicy:
     def observe(self, stats):
         self.steps.append(stats)
 
+    def verify_rows(self, nodes):
+        return FixedPolicy(TreeConfig(nodes=self.max_nodes)).verify_rows(nodes)
+
 
 def test_the_loop_asks_the_policy_each_step_and_tells_it_the_cost(monkeypatch):
     target = peaked(tiny_model("llama", seed=0), scale=30.0)
@@ -658,3 +662,20 @@ def test_auto_with_a_feature_head_is_calibrated_and_lossless(count_measures):
                           draft_model=head, nodes="auto", threshold="auto", return_dict_in_generate=True)
     assert torch.equal(out.sequences, ref)
     assert len(count_measures) == 1 and calibration.known_latency(target, head.for_target(target)).layer is not None
+
+
+def test_a_tree_is_padded_to_the_cheapest_measured_size_that_holds_it():
+    """On a CPU a forward of 4 rows may cost less than one of 2 (kernels chosen per row count): a
+    1-node tree (2 rows) is then verified at 4 rows, and priced so. Nothing measured: the smallest size."""
+    from opttree.tree.plan import FixedPolicy
+
+    odd = (0.048, 0.081, 0.058, 0.076, 0.093, 0.162, 0.250, 0.300)  # measured at 1 thread: T(2 rows) > T(4 rows)
+    lat = latency(odd)
+    assert [lat.verify_rows(n) for n in (0, 1, 2, 3, 4, 7, 8, 20)] == [1, 4, 4, 4, 8, 8, 16, 32]
+    assert lat.verify_time(1) == pytest.approx(0.058) and lat.verify_time(0) == pytest.approx(0.048)
+    assert [lat.verify_time(n) for n in range(0, 64)] == sorted(lat.verify_time(n) for n in range(0, 64))  # never less for more
+    assert latency(CPU_LIKE).verify_rows(1) == 2  # control: where 2 rows are cheaper, 2 rows
+    assert latency(CPU_LIKE).verify_rows(200) == 256  # beyond the table: its own size
+    policy = AutoPolicy(TreeConfig(nodes="auto"), lat)
+    assert policy.verify_rows(1) == 4
+    assert FixedPolicy(TreeConfig(nodes=5)).verify_rows(1) == 2 and FixedPolicy(TreeConfig(nodes=5)).verify_rows(5) == 8

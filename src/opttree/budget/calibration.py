@@ -277,7 +277,7 @@ def measure(target, new_drafter: Callable[[], object] | None, prefix: int = CALI
     ``new_drafter()`` (without one, or if timing it fails, the draft cost is learnt from the steps)."""
     from ..hf.validation import vocab_size
 
-    verify = LatencyTable(VERIFY_SIZES, lower_envelope(measure_verify(target, prefix=prefix)))
+    verify = LatencyTable(VERIFY_SIZES, measure_verify(target, prefix=prefix))  # as measured: the model picks padding
     latency = LatencyModel(verify=verify)
     if new_drafter is not None:
         try:

@@ -133,12 +133,29 @@ class LatencyModel:
     _times: tuple | None = dataclasses.field(default=None, init=False, repr=False, compare=False)
 
     def verify_time(self, n: int) -> float:
-        """T(n): a verification forward of the root and ``n`` nodes, at its padded size."""
+        """T(n): a verification forward of the root and ``n`` nodes, at the size it is padded to."""
         return max(self.verify_table(n) * self.verify_scale + self.verify_offset, 0.0)
 
     def verify_table(self, n: int) -> float:
-        """The calibrated (uncorrected) T(n), at the padded size the loop verifies ``n`` nodes at."""
-        return self.verify.at(padded_nodes(n))
+        """The calibrated (uncorrected) T(n): the measured time of the size ``n`` nodes are padded to."""
+        return self.verify.at(self._padding(n)[0])
+
+    def verify_rows(self, n: int) -> int:
+        """The rows a verification of the root and ``n`` nodes is padded to: the size measured cheapest
+        among those that hold it (on a CPU a forward of 4 rows may cost less than one of 2)."""
+        return self._padding(n)[1]
+
+    def _padding(self, n: int) -> tuple[float, int]:
+        """(the node count whose time prices ``n`` nodes, the rows to pad to): the measured size, at or
+        above ``n``'s padded size, with the least time (the smallest on ties); beyond the table, its own
+        padded size."""
+        base = padded_nodes(n)
+        xs, ys = self.verify.sizes, self.verify.seconds
+        later = [(y, x) for x, y in zip(xs, ys) if x >= base]
+        if not later or base > xs[-1]:
+            return base, base + 1
+        _, best = min(later)
+        return best, padded_nodes(best) + 1
 
     def step_times(self, m: int) -> torch.Tensor:
         """[m] float64: T(1) … T(m), each plus the rest of a step (overhead). A slice of a cached
@@ -280,6 +297,10 @@ class AutoPolicy:
     def spent(self) -> float:
         """Seconds since the step's plan: its drafting time so far."""
         return self.clock() - self._start
+
+    def verify_rows(self, nodes: int) -> int:
+        """The rows a tree of ``nodes`` nodes is verified at: the measured cheapest size that holds it."""
+        return self.latency.verify_rows(nodes)
 
     def plan(self) -> StepPlan:
         self._start = self.clock()

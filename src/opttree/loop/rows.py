@@ -76,15 +76,20 @@ class Slots:
         """Each row's root position: its committed tokens before the root."""
         return [len(row.tokens) - 1 for row in rows]
 
-    def size(self, trees: list[DraftTree]) -> int:
-        """The rows of this step's verification forward: the root and the largest tree, padded."""
-        rows = 1 + max(len(tree) for tree in trees)
-        return padded_size(rows) if self.fixed_sizes else rows
+    def size(self, trees: list[DraftTree], rows: list[Row]) -> int:
+        """The rows of this step's verification forward: the root and the largest tree, padded to the
+        size the row's policy picks (one row) or the smallest that holds them (a batch)."""
+        needed = 1 + max(len(tree) for tree in trees)
+        if not self.fixed_sizes:
+            return needed
+        if len(rows) == 1:
+            return rows[0].policy.verify_rows(needed - 1)
+        return padded_size(needed)
 
     def inputs(self, roots: torch.Tensor, trees: list[DraftTree], rows: list[Row], dtype: torch.dtype) -> ForwardInputs:
         """The verification forward's inputs: roots [R] long, then each row's tree, then dummy rows
         up to :meth:`size`."""
-        size = self.size(trees)
+        size = self.size(trees, rows)
         if self.valid is None:
             return verification_inputs(roots, trees[0], self.length, dtype, size=size, kv_len=self.kv_len)
         positions = torch.tensor(self.root_positions(rows), device=roots.device)

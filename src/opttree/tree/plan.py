@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Protocol
 
 from .config import TreeConfig
+from .sizes import padded_size
 
 if TYPE_CHECKING:
     import torch
@@ -51,6 +52,10 @@ class BudgetPolicy(Protocol):
     def observe(self, step) -> None:
         """The finished step (a :class:`~opttree.loop.stats.StepStats`, with its measured times)."""
 
+    def verify_rows(self, nodes: int) -> int:
+        """The rows a tree of ``nodes`` nodes is verified at: one of tree.sizes.VERIFY_SIZES that holds
+        the root and the tree."""
+
 
 class FixedPolicy:
     """``nodes`` and ``threshold`` as given: OPT-Tree's rule, nothing measured."""
@@ -64,6 +69,10 @@ class FixedPolicy:
 
     def observe(self, step) -> None:
         pass
+
+    def verify_rows(self, nodes: int) -> int:
+        """The smallest fixed size that holds the root and the tree (nothing is measured)."""
+        return padded_size(nodes + 1)
 
 
 __all__ = ["BudgetPolicy", "FixedPolicy", "LayerState", "StepPlan"]
