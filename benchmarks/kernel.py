@@ -4,7 +4,7 @@ Two views, both printed as markdown tables with the machine's name:
 
 * forwards (default): one verification forward of the target over each padded size (the root and a
   tree, ``opttree.budget.calibration.measure_verify``) with every kernel fixed in turn
-  (``OPTTREE_LINEAR=stock``, ``weight_major``, ``onednn``) and with ``auto``, timed after a first
+  (``OPTTREE_LINEAR=stock``, ``weight_major``, ``onednn``, ``onednn_pad``) and with ``auto``, timed after a first
   pass that lets it choose (its choices are summarised below the table);
 * ``--products``: each distinct linear shape of the target alone, per row count, for every kernel
   and for MKL's packed GEMM (``torch.ops.mkl._mkl_linear``, one packed copy per row count: no
@@ -32,7 +32,7 @@ from opttree.budget import calibration
 from opttree.hf import linears
 from opttree.loading.machine import bf16_flags, cpu_model
 
-MODES = ("stock", "weight_major", "onednn", "auto")
+MODES = ("stock", "weight_major", "onednn", "onednn_pad", "auto")
 
 
 def verify_ms(target, sizes: list[int], prefix: int, repeats: int, mode: str) -> list[float]:
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.products:
             shapes = sorted(Counter(tuple(m.weight.shape) for m in target.modules()
                                     if isinstance(m, torch.nn.Linear)).items())
-            kernels = [k for k in linears.KERNELS if k in linears.candidates(dtype)]
+            kernels = [k for k in linears.KERNELS if k in linears.candidates(dtype, rows=1)]
             kernels += ["mkl_packed"] if dtype == torch.float32 else []
             rows = [n + 1 for n in args.sizes]
             print("µs per product (weights from memory), median of 5 passes")

@@ -40,7 +40,7 @@ def count_calls(monkeypatch, kernel: str) -> list[tuple[str, tuple]]:
     return calls
 
 
-ALL = [(k, d) for d in (torch.float32, torch.bfloat16) for k in linears.candidates(d)]
+ALL = [(k, d) for d in (torch.float32, torch.bfloat16) for k in linears.candidates(d, rows=1)]
 
 
 @pytest.mark.parametrize("kernel, dtype", ALL, ids=lambda v: str(v).removeprefix("torch."))
@@ -61,7 +61,7 @@ def test_every_kernel_equals_f_linear(kernel, dtype, shape, bias):
 def test_auto_gives_f_linears_results_while_trying_and_after(dtype):
     x, w, b = torch.randn(3, 16).to(dtype), torch.randn(40, 16).to(dtype), torch.randn(40).to(dtype)
     tol = 1e-5 if dtype == torch.float32 else 2e-2
-    for _ in range(len(linears.candidates(dtype)) * TRIALS + 2):
+    for _ in range(len(linears.candidates(dtype, 3)) * TRIALS + 2):
         torch.testing.assert_close(fast_linear(x, w, b).float(), ORIGINAL(x, w, b).float(), rtol=tol, atol=tol)
     assert set(linears.decisions()) == {(dtype, torch.get_num_threads(), 3, 40, 16)}
 
@@ -301,9 +301,9 @@ def test_a_gpt2_decode_takes_only_its_lm_head_through_the_kernels(monkeypatch):
     assert calls and {shape for _, shape in calls} == {tuple(target.lm_head.weight.shape)}
 
 
-@pytest.mark.parametrize("fast", ["stock", "weight_major", "onednn"])
+@pytest.mark.parametrize("fast", ["stock", "weight_major", "onednn", "onednn_pad"])
 def test_auto_times_every_candidate_then_keeps_the_fastest(fast, monkeypatch):
-    names = linears.candidates(torch.float32)
+    names = linears.candidates(torch.float32, 3)
     if fast not in names:
         pytest.skip(f"{fast} does not run on this torch build")
     calls = {name: 0 for name in names}
@@ -363,7 +363,7 @@ def test_the_packed_weight_is_made_once_and_again_after_an_in_place_change():
 def test_auto_choices_are_made_again_at_another_thread_count():
     x, w = torch.randn(3, 16), torch.randn(24, 16)
     threads = torch.get_num_threads()
-    trials = len(linears.candidates(torch.float32)) * TRIALS
+    trials = len(linears.candidates(torch.float32, 3)) * TRIALS
     try:
         with fast_linears():
             for _ in range(trials):
@@ -430,7 +430,7 @@ def test_the_environment_names_the_kernel_and_the_old_variable_still_answers(lin
 @pytest.mark.parametrize("name, value", [("OPTTREE_LINEAR", "fastest"), ("OPTTREE_WEIGHT_MAJOR", "maybe")])
 def test_a_bad_setting_says_which_values_work(name, value, monkeypatch):
     monkeypatch.setenv(name, value)
-    with pytest.raises(ValueError, match="auto or one of stock, weight_major, onednn"), fast_linears():
+    with pytest.raises(ValueError, match="auto or one of stock, weight_major, onednn, onednn_pad"), fast_linears():
         pass
     assert not linears.active()
 
@@ -453,7 +453,7 @@ def test_the_kernel_benchmark_times_every_kernel_and_restores_the_setting(tmp_pa
     bench.main(common)
     out = capsys.readouterr().out
     assert "| rows | 1 | 4 |" in out
-    assert all(f"| `{mode}` |" in out for mode in ("stock", "weight_major", "onednn", "auto"))
+    assert all(f"| `{mode}` |" in out for mode in ("stock", "weight_major", "onednn", "onednn_pad", "auto"))
     assert "auto kept: " in out
     bench.main(common + ["--products"])
     out = capsys.readouterr().out
