@@ -10,6 +10,8 @@ behind the stream T(n) stays flat. This prints, from ONE run (so the same load):
   the sizes taking turns within each round, eager:
   - ``stock``: torch's own linears (plain decoding as users run it);
   - ``kernels``: opttree's linears (``opttree.hf.linears``, ``auto``: each shape's fastest kernel);
+  - ``kernels' linears alone``: those linears on random rows, back to back, without the rest of the
+    forward (what is above it is the framework: norms, attention, rotary, the cache, Python);
 * with ``--compile``: the same forwards over a StaticCache through ``torch.compile`` (static shapes,
   one graph per size; ``--freezing`` adds Inductor's freezing for that compile), the first call's
   compile time per size and T(rows) after it; run it again for what a warm on-disk cache
@@ -58,6 +60,26 @@ def eager_ms(model, rows: list[int], repeats: int, kernels: bool) -> list[float]
         if kernels:  # let auto choose each shape's kernel first
             calibration.measure_verify(model, nodes, PREFIX, repeats=len(linears.KERNELS) * linears.TRIALS)
         return [1e3 * s for s in calibration.measure_verify(model, nodes, PREFIX, repeats=repeats)]
+
+
+def linears_ms(model, rows: list[int], repeats: int) -> list[float]:
+    """Median ms of every linear of ``model`` on random [rows, in] inputs, back to back in module
+    order, through opttree's kernels (after eager_ms let them choose): the forward's linear part."""
+    from opttree.hf import linears
+
+    layers = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    out = []
+    with torch.inference_mode(), linears.fast_linears(model):
+        for r in rows:
+            xs = [torch.randn(r, m.in_features).to(m.weight.dtype) for m in layers]
+            times = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                for m, x in zip(layers, xs):
+                    m(x)
+                times.append(time.perf_counter() - start)
+            out.append(1e3 * statistics.median(times))
+    return out
 
 
 def compiled_ms(model, rows: list[int], repeats: int, freezing: bool) -> tuple[list[float], list[float]]:
@@ -132,6 +154,7 @@ def main(argv=None) -> None:
         stream, size = stream_ms(model)
         table = {"stock": eager_ms(model, rows, args.repeats, kernels=False),
                  "kernels": eager_ms(model, rows, args.repeats, kernels=True)}
+        table["kernels' linears alone"] = linears_ms(model, rows, args.repeats)
         compiled = compiled_ms(model, rows, args.repeats, args.freezing) if args.compile else None
         stream_again, _ = stream_ms(model)
     finally:
