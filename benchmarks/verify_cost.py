@@ -121,13 +121,9 @@ def compiled_ms(model, rows: list[int], repeats: int, freezing: bool) -> tuple[l
 
 def load(args):
     if args.random_weights:
-        from transformers import LlamaConfig, LlamaForCausalLM
+        from opttree.smollm2 import random_smollm2
 
-        config = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                             num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
-                             tie_word_embeddings=True, rope_theta=100000.0)
-        config._attn_implementation = "sdpa"
-        return LlamaForCausalLM(config).eval()
+        return random_smollm2()
     from opttree.smollm2 import load_smollm2
 
     return load_smollm2()[0].eval()

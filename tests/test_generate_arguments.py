@@ -6,7 +6,6 @@ old error, or plain's output really depends on the argument."""
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,20 +17,7 @@ from opttree.loop import generation
 from opttree.loop.model_inputs import ModelInputs
 from test_api import CharTokenizer
 from test_batch import padded
-
-HUB_FOLDER = str(Path(__file__).resolve().parents[1] / "hub")
-
-
-def ways(target, draft) -> dict:
-    """generate() with a draft, each way in: name -> call(**generate()'s keyword arguments)."""
-    model = speculative(copy.deepcopy(target))
-    return {
-        "custom_generate": lambda **kw: target.generate(custom_generate=speculative_generate, draft_model=draft, **kw),
-        "draft_model": lambda **kw: model.generate(draft_model=draft, **kw),
-        "SpeculativeGenerator": lambda **kw: SpeculativeGenerator(target, draft).generate(**kw),
-        "hub": lambda **kw: target.generate(custom_generate=HUB_FOLDER, trust_remote_code=True, draft_model=draft,
-                                            **kw),
-    }
+from test_contract import ways
 
 
 def spec(target, draft, **kw):

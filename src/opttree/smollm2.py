@@ -81,3 +81,17 @@ def load_smollm2(path: str | os.PathLike | None = None, dtype=None):
     )
     model.eval()
     return model, tokenizer
+
+
+def random_smollm2(seed: int = 0):
+    """A model of SmolLM2-135M-Instruct's shapes (30 layers, hidden 576, 49,152 tokens, tied head) with
+    random weights: for timings that need no real weights (nothing is fetched), float32, eval mode."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                         num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
+                         tie_word_embeddings=True, rope_theta=100000.0, rms_norm_eps=1e-5)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config).eval()
