@@ -151,3 +151,27 @@ def test_where_generate_would_not_compile_nothing_is_compiled(kw, monkeypatch):
         seen.clear()
         target.generate(PROMPT, **{**args, "compile_config": forced(Recorder())})
         assert seen == [True]
+
+
+@pytest.mark.gpu
+def test_on_cuda_a_static_cache_compiles_the_verification_as_generate_compiles_plain():
+    """generate()'s own default on a GPU: a static cache compiles decoding (mode "reduce-overhead":
+    CUDA graphs); opttree's verification forwards go through the same callable, one graph per size."""
+    target = sharp("llama").cuda()
+    prompt = PROMPT.cuda()
+    plain = target.generate(prompt, max_new_tokens=16, do_sample=False)
+    seen = []
+    real = VerifyForward.of.__func__
+
+    def spy(cls, *args):
+        forward = real(cls, *args)
+        seen.append(forward.compiles)
+        return forward
+
+    VerifyForward.of = classmethod(spy)
+    try:
+        out = target.generate(prompt, max_new_tokens=16, do_sample=False, cache_implementation="static",
+                              custom_generate=speculative_generate, draft_model=target, nodes=5, threshold=0.0)
+    finally:
+        VerifyForward.of = classmethod(real)
+    assert seen == [True] and torch.equal(out, plain)
