@@ -11,7 +11,15 @@
    that many drafted tokens (:mod:`opttree.distill.depths`).
 2. Latency: one forward of ``--query-tokens`` new tokens on a ``--prefix`` token cached prefix
    (batch 1, as in decoding), median of ``--reps`` runs, draft vs target → their ratio. A feature
-   head is timed as the drafter runs it: one tree layer of that many nodes, probabilities included.
+   head is timed as the drafter runs it: one tree layer of that many nodes, probabilities included;
+   ``--layer-dtypes`` times it in each dtype listed, ``--target-dtypes`` the target likewise.
+3. The kept vocabulary's caps (``--kept-sizes``): each feature head is also measured widened to
+   each size (its own tokens first, then the most frequent greedy tokens of ``--rank-records``'
+   shards, or, without them, the lowest ids: a BPE vocabulary's earliest merges), the new output
+   rows the target's own with a bias at the 5th percentile of the head's
+   (:func:`opttree.distill.head.widened`). Every head's report gives the share of the answer
+   tokens its kept set covers and its depth-1 agreement over the covered positions alone
+   (``agreement_covered``); tokens outside the set count as misses everywhere else.
 
 Usage::
 
@@ -202,6 +210,57 @@ def forward_ms(model, prefix_len: int, query: int, reps: int, vocab: int) -> flo
     return statistics.median(times[3:])
 
 
+def answer_tokens(answers: list[dict]) -> torch.Tensor:
+    """[N] long: every answer token, the tokens depth-1 agreement is counted on."""
+    return torch.tensor([t for a in answers for t in a["answer_ids"]], dtype=torch.long)
+
+
+def kept_ranking(record_dirs: list[Path], vocab_size: int) -> torch.Tensor:
+    """[V] ids, most useful first: by the target's greedy-token counts in the shards under
+    ``record_dirs`` (``opttree.distill.train.ranked_tokens``), or in id order without any."""
+    from opttree.distill.coverage import id_ranking
+    from opttree.distill.shards import load_records, shard_paths
+    from opttree.distill.train import ranked_tokens
+
+    records = [{"topk_ids": r["topk_ids"]} for d in record_dirs for p in shard_paths(d) for r in load_records(p)]
+    return ranked_tokens(records, vocab_size, []) if records else id_ranking(vocab_size)
+
+
+def widened_heads(head, target, sizes: list[int], ranked: torch.Tensor) -> list[tuple[int, object]]:
+    """``(size, head widened to size)`` for each size above the head's own kept count, float32."""
+    from opttree.distill.coverage import extended_kept
+    from opttree.distill.head import widened
+
+    own = len(head.token_ids)
+    return [(size, widened(head, target, extended_kept(head.token_ids, ranked, size)).eval())
+            for size in sizes if size > own]
+
+
+def coverage_report(head, answers: list[dict], agreement_depth1: float) -> dict:
+    """The kept set's size, the share of answer tokens it covers, and depth-1 agreement over the
+    covered positions (every depth-1 hit is a covered position, so it is agreement / coverage)."""
+    from opttree.distill.coverage import set_coverage
+
+    covered = set_coverage(head.token_ids, answer_tokens(answers))
+    return {"kept_tokens": len(head.token_ids), "coverage": round(covered, 4),
+            "agreement_covered": round(agreement_depth1 / covered, 4) if covered else 0.0}
+
+
+def chain_speed(tau: float, depth: int, verify_ms: float, layer_ms: float, plain_ms: float) -> float:
+    """Tokens per unit of plain decoding's time for a chain of ``depth`` drafted tokens: ``tau``
+    tokens per step that costs one verify forward of depth + 1 tokens (``verify_ms``) and ``depth``
+    tree layers (``layer_ms`` each), against plain's one-token forward (``plain_ms``)."""
+    return tau * plain_ms / (verify_ms + depth * layer_ms)
+
+
+def in_dtype_copy(model, dtype_name: str):
+    """``model`` in the dtype named (a copy where it differs; a feature head keeps the target's embedding)."""
+    from opttree.loading.dtype_probe import cast_copy, model_dtype
+
+    dtype = getattr(torch, dtype_name)
+    return model if model_dtype(model) == dtype else cast_copy(model, dtype).eval()
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--questions", required=True, type=Path, help="Spec-Bench question.jsonl")
@@ -220,6 +279,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--draft-dtype", default=None, choices=["float32", "bfloat16", "float16"],
                    help="dtype of the draft (default: a feature head in float32, a model in the target's)")
     p.add_argument("--json-out", type=Path, default=None)
+    p.add_argument("--kept-sizes", type=int, nargs="*", default=[],
+                   help="also measure each feature head widened to these kept-set sizes (e.g. 24576 32768 49152)")
+    p.add_argument("--rank-records", type=Path, nargs="*", default=[],
+                   help="shard folders (the target's answers or features) whose greedy tokens rank the added tokens")
+    p.add_argument("--layer-dtypes", nargs="*", default=[], choices=["float32", "bfloat16"],
+                   help="time each feature head's tree layer in each of these dtypes too")
+    p.add_argument("--target-dtypes", nargs="*", default=[], choices=["float32", "bfloat16"],
+                   help="time the target's forward in each of these dtypes too")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     torch.set_num_threads(args.threads)
@@ -243,15 +310,25 @@ def main(argv: list[str] | None = None) -> int:
         logger.info("target answered %d prompts in %.0f s", len(answers), time.time() - t)
         if args.answers_cache:
             args.answers_cache.write_text(json.dumps(answers))
-    heads = [(path, d) for path, d in zip(args.draft, drafts) if isinstance(d, FeatureHead)]
+    names = [str(path) for path in args.draft]
+    if args.kept_sizes:
+        ranked = kept_ranking(args.rank_records, target.config.vocab_size)
+        for path in list(args.draft):
+            plain = load_draft(path, target)  # float32: widened, then cast like the others
+            if isinstance(plain, FeatureHead):
+                for size, wide in widened_heads(plain, target, args.kept_sizes, ranked):
+                    names.append(f"{path}@{size}")
+                    drafts.append(wide if dtype is None else in_dtype_copy(wide, args.draft_dtype))
+    heads = [(path, d) for path, d in zip(names, drafts) if isinstance(d, FeatureHead)]
     path_counts: list[dict] = []
     head_counts = heads_agreement_by_category([d for _, d in heads], target, answers, paths=path_counts) if heads else []
     reports = []
-    for path, draft in zip(args.draft, drafts):
+    for path, draft in zip(names, drafts):
         if isinstance(draft, FeatureHead):
             index = [p for p, _ in heads].index(path)
             report = head_report(str(path), head_counts[index], answers, args.max_new_tokens)
             report.update(path_report(path_counts[index]))
+            report.update(coverage_report(draft, answers, report["agreement_by_depth"][0]))
         else:
             per_cat = agreement_by_category(draft, answers)
             report = head_report(str(path), {k: [v] for k, v in per_cat.items()}, answers, args.max_new_tokens)
@@ -264,6 +341,8 @@ def main(argv: list[str] | None = None) -> int:
             print("  given the path so far was accepted:",
                   " ".join(f"{a:.3f}" for a in report["agreement_by_depth_given_accepted"]),
                   f"(a chain of {len(report['agreement_by_depth'])}: tau {report['chain_tau']:.2f})")
+            print(f"  {report['kept_tokens']} kept tokens cover {report['coverage']:.3f} of the answer tokens; "
+                  f"depth-1 agreement where covered: {report['agreement_covered']:.3f}")
         print(f"top-1 agreement over {report['answer_tokens']} answer tokens of {len(answers)} prompts: "
               f"{report['agreement_token_weighted']:.3f} (category mean {report['agreement_category_mean']:.3f})")
         for k, v in report["per_category"].items():
@@ -271,13 +350,29 @@ def main(argv: list[str] | None = None) -> int:
     vocab = target.config.vocab_size
     for q in args.query_tokens:
         t_ms = forward_ms(target, args.prefix, q, args.reps, vocab)
+        others = {name: round(forward_ms(in_dtype_copy(target, name), args.prefix, q, args.reps, vocab), 2)
+                  for name in args.target_dtypes}  # the target in other dtypes, beside the heads' figures
+        if others:
+            print(f"target forward of {q} token(s) by dtype (ms): {others}")
         for report, draft in zip(reports, drafts):
             d_ms = (head_layer_ms(draft, target, args.prefix, q, args.reps) if isinstance(draft, FeatureHead)
                     else forward_ms(draft, args.prefix, q, args.reps, vocab))
             report["latency_ms"][str(q)] = {"target": round(t_ms, 2), "draft": round(d_ms, 2),
-                                            "ratio": round(d_ms / t_ms, 4)}
+                                            "ratio": round(d_ms / t_ms, 4), "target_by_dtype": others}
             print(f"{report['draft']}: forward of {q} token(s) on a {args.prefix}-token prefix: "
                   f"target {t_ms:.1f} ms, draft {d_ms:.1f} ms, ratio {d_ms / t_ms:.3f}")
+            if isinstance(draft, FeatureHead):
+                for name in args.layer_dtypes:
+                    ms = head_layer_ms(in_dtype_copy(draft, name), target, args.prefix, q, args.reps)
+                    report["latency_ms"][str(q)][name] = round(ms, 2)
+                    print(f"  tree layer in {name}: {ms:.1f} ms ({ms / t_ms:.3f} of the target's float32 forward)")
+    depth = 3
+    if 1 in args.query_tokens and depth + 1 in args.query_tokens:
+        for report in reports:
+            if "chain_tau" in report:
+                ms = report["latency_ms"]
+                report["chain_speed"] = round(chain_speed(report["chain_tau"], depth, ms[str(depth + 1)]["target"],
+                                                          ms["1"]["draft"], ms["1"]["target"]), 3)
     if args.json_out:
         args.json_out.write_text(json.dumps(reports[0] if len(reports) == 1 else reports, indent=2) + "\n")
     return 0

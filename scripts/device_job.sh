@@ -7,13 +7,12 @@
 #   bash scripts/device_job.sh bench   Spec-Bench, 13 categories x 1 question, 64 tokens, bf16 on cuda;
 #                                      $OUT/bench.log, bench-summary.md, bench.tar.gz. One call (expected
 #                                      a few minutes; not measured yet).
-#   bash scripts/device_job.sh round   drafts/smollm2-135m-head/recipe.toml into /tmp/opttree-kit/head-next:
-#                                      RESUMABLE across calls (recipe.toml estimates 25 min of H100: more
-#                                      than a task's 15 device-minutes, so it cannot finish on one lent
-#                                      machine; the draft-recipe issue re-plans it). Each call stops at the
-#                                      time limit and exits 3: repeat the same call within 30 s until it
-#                                      exits 0. $OUT/round.log; at the end head-next.tar.gz (the head's
-#                                      files, data_manifest.json, the cache's manifest.json).
+#   bash scripts/device_job.sh round   drafts/smollm2-135m-head/round-gpu.toml, in ONE call, everything in memory
+#                                      (python -m opttree.distill.resident): the target's answers to the kit's
+#                                      prompts (round-prompts.jsonl.gz, from `device_kit.py pack --job round`),
+#                                      their features, the stages; the round gets the job's time less 45 s and
+#                                      ends with a head however far it got. $OUT/round.log and head-next.tar.gz
+#                                      (the head's files and round.json: each step's seconds, tokens and rates).
 # Device time: 15 minutes per task, all calls together (the machine's start, idle waits and the
 # copies included). Each job stops itself after OPTTREE_JOB_SECONDS (default 420 s: the kit's carry
 # calls, one job and a rerun of a short one fit), and its log comes back inside the tool's 10-minute call.
@@ -81,25 +80,21 @@ bench)
   exit "$rc"
   ;;
 round)
-  versions | tee -a "$KIT/round.log"
+  [ -f "$KIT/round-prompts.jsonl.gz" ] || die "no round prompts in the kit: pack it with \
+\`python scripts/device_kit.py pack --job round\` and make its calls again from call 1"
+  versions | tee "$OUT/round.log"
   rc=0
-  timeout "$(left)" python3 -m opttree distill --recipe drafts/smollm2-135m-head/recipe.toml --cache "$KIT/cache" \
-    --out "$KIT/head-next" --device cuda 2>&1 | tee -a "$KIT/round.log" || rc=$?
-  if [ "$rc" = 124 ]; then
-    echo "round: stopped at the time limit; what finished is kept in $KIT/cache. Run the same call again within \
-30 s to go on (a cold machine loses it all)." | tee -a "$KIT/round.log"
-    cp "$KIT/round.log" "$OUT/round.log"
-    exit 3
-  fi
-  cp "$KIT/round.log" "$OUT/round.log"
-  [ "$rc" = 0 ] || exit "$rc"
-  files=(head-next/opttree_draft.json head-next/training.json head-next/data_manifest.json)
+  budget=$(( $(left) - 45 ))  # the round's own clock; the rest packs what comes back
+  timeout "$(left)" python3 -m opttree.distill.resident --recipe drafts/smollm2-135m-head/round-gpu.toml \
+    --prompts "$KIT/round-prompts.jsonl.gz" --out "$KIT/head-next" --device cuda --seconds "$budget" 2>&1 \
+    | tee -a "$OUT/round.log" || rc=$?
+  [ "$rc" = 0 ] || { echo "round: exit $rc (124: stopped at the time limit)" | tee -a "$OUT/round.log"; exit "$rc"; }
+  files=(head-next/opttree_draft.json head-next/training.json head-next/round.json)
   size=$(stat -c %s "$KIT/head-next/model.safetensors")
   if [ "$size" -le $((15 * 1024 * 1024)) ]; then files+=(head-next/model.safetensors); else
     echo "round: model.safetensors is $size bytes, over what comes back (16 MiB): left in $KIT/head-next" \
       | tee -a "$OUT/round.log"; fi
-  cp "$KIT/cache/manifest.json" "$KIT/head-next/cache-manifest.json"
-  tar -czf "$OUT/head-next.tar.gz" -C "$KIT" "${files[@]}" head-next/cache-manifest.json
-  echo "round: done; $OUT/head-next.tar.gz holds ${files[*]} and the cache's manifest" | tee -a "$OUT/round.log"
+  tar -czf "$OUT/head-next.tar.gz" -C "$KIT" "${files[@]}"
+  echo "round: done; $OUT/head-next.tar.gz holds ${files[*]}" | tee -a "$OUT/round.log"
   ;;
 esac

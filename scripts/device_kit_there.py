@@ -4,7 +4,8 @@
 outlives the call while the machine stays warm); ``assemble`` joins the pieces where
 ``opttree.smollm2`` looks for the GGUF (``$OPTTREE_CACHE/smollm2`` with
 ``OPTTREE_CACHE=/tmp/opttree-kit/opttree-cache``), checks each piece and the whole by md5, installs
-the wheels into ``/tmp/site`` and places Spec-Bench's questions in the kit. Stdlib only.
+the wheels into ``/tmp/site`` and places Spec-Bench's questions (and, for the round, its prompts)
+in the kit. Stdlib only.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ class Manifest:
     tree_bytes: int
     limit: int
     margin: int
+    prompts: Item | None = None  # the round's prompts (pack --job round), made where the documents are
 
     @property
     def calls(self) -> int:
@@ -64,7 +66,8 @@ class Manifest:
             raw = json.loads(path.read_text())
             item = lambda d: Item(**d) if d else None  # noqa: E731
             return Manifest(item(raw["file"]), tuple(map(item, raw["pieces"])), tuple(map(item, raw["wheels"])),
-                            item(raw["questions"]), raw["tree_bytes"], raw["limit"], raw["margin"])
+                            item(raw["questions"]), raw["tree_bytes"], raw["limit"], raw["margin"],
+                            item(raw.get("prompts")))
         except (ValueError, KeyError, TypeError) as error:
             raise KitError(f"{path} is no device kit manifest ({error!r}): run pack again") from None
 
@@ -192,12 +195,15 @@ def assemble(out: Path, kit: Path = KIT, site: Path = SITE, install=pip_install)
         install(wheels, site)
         site.mkdir(parents=True, exist_ok=True)
         stamp.write_text(want)
-    if held.questions:
-        path, there = last / held.questions.name, kit / held.questions.name
-        if not (there.is_file() and md5_of(there) == held.questions.md5):
+    for extra in (held.questions, held.prompts):
+        if extra is None:
+            continue
+        path, there = last / extra.name, kit / extra.name
+        if not (there.is_file() and md5_of(there) == extra.md5):
             if not path.is_file():
                 raise KitError(f"{path} is missing from the last call's folder: run pack again")
-            copy_checked(path, there, held.questions, held.questions.name)
+            copy_checked(path, there, extra, extra.name)
     (kit / "assembled.json").write_text(held.to_json())
     return (f"assembled: {dest} (md5 {held.file.md5} ok); wheels in {site}: "
-            f"{', '.join(w.name for w in held.wheels)}; questions: {kit / held.questions.name if held.questions else 'none'}")
+            f"{', '.join(w.name for w in held.wheels)}; questions: {kit / held.questions.name if held.questions else 'none'}"
+            + (f"; round prompts: {kit / held.prompts.name}" if held.prompts else ""))

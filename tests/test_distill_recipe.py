@@ -141,7 +141,8 @@ def test_recipe_typos_and_missing_layers_are_errors(tmp_path):
                       "stage": [{"name": "s", "feature_layers": [2, -1]}]}, tmp_path)
 
 
-@pytest.mark.parametrize("name", ["recipe.toml", "ablation-cpu.toml", "round-cpu.toml"])
+@pytest.mark.parametrize("name", ["recipe.toml", "ablation-cpu.toml", "round-cpu.toml", "ablation34-cpu.toml",
+                                  "round-gpu.toml"])
 def test_shipped_recipes_parse(name):
     from pathlib import Path
 

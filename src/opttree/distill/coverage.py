@@ -58,3 +58,26 @@ def split_coverage(records: list[dict], sizes: tuple[int, ...] = SIZES, held_fra
     """:func:`coverage` with ``held_fraction`` of the texts held out (whole texts)."""
     train, held = split_records(records, held_fraction, seed)
     return coverage(train, held, sizes)
+
+
+def extended_kept(kept: torch.Tensor, ranked: torch.Tensor, size: int) -> torch.Tensor:
+    """A kept set of ``size`` ids [size] (sorted ascending) that starts from ``kept`` [K] (a head's
+    own tokens, all of them) and adds the first ids of ``ranked`` [V] it lacks. ``size`` below K
+    is refused: a head's kept set only widens (:func:`opttree.distill.head.widened`)."""
+    kept = kept.cpu().long().unique()
+    if size < len(kept):
+        raise ValueError(f"a kept set of {size} cannot hold the head's own {len(kept)} tokens")
+    extra = ranked.cpu().long()
+    extra = extra[~torch.isin(extra, kept)][:size - len(kept)]
+    return torch.cat([kept, extra]).sort().values
+
+
+def id_ranking(vocab_size: int) -> torch.Tensor:
+    """[V] every id in id order: a BPE vocabulary's low ids are its earliest (most frequent)
+    merges, so without counts of the target's own tokens this is the ranking to fall back on."""
+    return torch.arange(vocab_size)
+
+
+def set_coverage(kept: torch.Tensor, truth: torch.Tensor) -> float:
+    """The share of the tokens ``truth`` [N] that are among ``kept`` [K]."""
+    return torch.isin(truth.cpu().long(), kept.cpu().long()).float().mean().item() if len(truth) else 0.0

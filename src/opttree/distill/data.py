@@ -87,30 +87,39 @@ def eos_ids(model, tokenizer) -> set[int]:
 
 
 @torch.inference_mode()
-def answer_batch(model, tokenizer, prompt_ids: list[list[int]], cfg: DataConfig) -> list[Sample]:
-    """Greedy answers for one batch of tokenised prompts, with the target's top-k logits."""
+def answer_batch(model, tokenizer, prompt_ids: list[list[int]], cfg: DataConfig,
+                 with_logits: bool = True) -> list[Sample]:
+    """Greedy answers for one batch of tokenised prompts, with the target's top-k logits
+    (``with_logits=False``: none, ``topk_*`` empty; a big batch then holds no [B, N, V] logits,
+    for callers that take the labels from a features pass: :mod:`.resident`)."""
     stop = eos_ids(model, tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(stop)
     ids, mask = (t.to(model.device) for t in _left_pad(prompt_ids, pad_id))  # [B, T]
     with torch.autocast(device_type=model.device.type, dtype=torch.bfloat16, enabled=cfg.bf16):
         out = model.generate(
             input_ids=ids, attention_mask=mask, max_new_tokens=cfg.max_new_tokens, do_sample=False,
-            output_logits=True, return_dict_in_generate=True, pad_token_id=pad_id,
+            output_logits=with_logits, return_dict_in_generate=True, pad_token_id=pad_id,
             eos_token_id=sorted(stop),
         )
-    answers = out.sequences[:, ids.shape[1]:]  # [B, N]
-    logits = torch.stack(out.logits, dim=1).float()  # [B, N, V]
-    top_logits, top_ids = logits.topk(cfg.topk, dim=-1)  # [B, N, k]
+    answers = out.sequences[:, ids.shape[1]:].cpu()  # [B, N]
+    if with_logits:
+        logits = torch.stack(out.logits, dim=1).float()  # [B, N, V]
+        top_logits, top_ids = logits.topk(cfg.topk, dim=-1)  # [B, N, k]
+    else:
+        top_ids = torch.zeros(*answers.shape, 0, dtype=torch.int32)  # [B, N, 0]
+        top_logits = torch.zeros(*answers.shape, 0, dtype=torch.float16)
+    stops = torch.tensor(sorted(stop))
     samples = []
     for i, prompt in enumerate(prompt_ids):
-        answer = answers[i].tolist()
-        end = next((j + 1 for j, t in enumerate(answer) if t in stop), len(answer))
+        ended = torch.isin(answers[i], stops).nonzero()  # [n, 1]
+        end = int(ended[0]) + 1 if len(ended) else answers.shape[1]
+        answer = answers[i, :end].tolist()
         samples.append(Sample(
-            input_ids=torch.tensor(prompt + answer[:end], dtype=torch.long),
+            input_ids=torch.tensor(prompt + answer, dtype=torch.long),
             prompt_len=len(prompt),
             topk_ids=top_ids[i, :end].to(torch.int32).cpu(),
             topk_logits=top_logits[i, :end].to(torch.float16).cpu(),
-            text=tokenizer.decode(answer[:end], skip_special_tokens=True),
+            text=tokenizer.decode(answer, skip_special_tokens=True),
         ))
     return samples
 

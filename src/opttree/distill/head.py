@@ -16,15 +16,18 @@ from ..loading.moved import moved_names
 
 
 def new_head(target, token_ids: torch.Tensor | None = None, init_layer: int | None = None,
-             num_layers: int = 1, feature_layers: tuple[int, ...] = (-1,)) -> tuple[FeatureHead, head_file.HeadMeta]:
+             num_layers: int = 1, feature_layers: tuple[int, ...] = (-1,),
+             out_rank: int | None = None) -> tuple[FeatureHead, head_file.HeadMeta]:
     """An untrained head for ``target`` over ``token_ids`` [K] (default: the whole vocabulary).
 
     ``init_layer``: copy that decoder layer of the target into the head's last layer, and the
     ones before it into its earlier layers (Llama-style targets, whose layers have the same
-    parameter names and shapes); None = random init. ``num_layers``, ``feature_layers``: see
-    :class:`HeadConfig` (a fused head starts as the plain one: :meth:`FeatureHead.fuse`).
+    parameter names and shapes); None = random init. ``num_layers``, ``feature_layers``,
+    ``out_rank``: see :class:`HeadConfig` (a fused head starts as the plain one:
+    :meth:`FeatureHead.fuse`; trained output rows start as the target's).
     """
-    c = replace(HeadConfig.for_target(target.config), num_layers=num_layers, feature_layers=tuple(feature_layers))
+    c = replace(HeadConfig.for_target(target.config), num_layers=num_layers, feature_layers=tuple(feature_layers),
+                out_rank=out_rank)
     ids = torch.arange(c.vocab_size) if token_ids is None else token_ids.cpu().long()
     head = FeatureHead(c, target.get_input_embeddings(), head_file.output_rows(target, ids), ids)
     with torch.no_grad():  # fc starts as "take the feature" (identity on that half): a sane start
@@ -51,21 +54,45 @@ def continued_head(path: str | Path, target) -> tuple[FeatureHead, head_file.Hea
     return head_file.load_head(path, target).train(), meta
 
 
+ROW_STATE = ("out_bias", "token_ids", "out_delta", "out_delta_a")  # one row per kept token
+
+
 def widened(head: FeatureHead, target, extra_ids: torch.Tensor) -> FeatureHead:
     """``head`` with ``extra_ids`` [E] added to its kept tokens: the same weights; the new
-    tokens' output bias starts at the 5th percentile of the old ones (rare, not impossible)."""
+    tokens' output bias starts at the 5th percentile of the old ones (rare, not impossible) and
+    their rows' trained correction (if any) at zero: the target's own rows."""
     old = head.token_ids.cpu()
     extra = extra_ids.cpu().long().unique()
     extra = extra[~torch.isin(extra, old)]
     ids, order = torch.cat([old, extra]).sort()  # kept ids stay sorted ascending
     wide = FeatureHead(head.c, head.embed[0], head_file.output_rows(target, ids), ids)
-    state = {k: v for k, v in head.state_dict().items() if k not in ("out_bias", "token_ids")}
+    state = {k: v for k, v in head.state_dict().items() if k not in ROW_STATE}
     wide.load_state_dict(state, strict=False)
     with torch.no_grad():
         low = torch.quantile(head.out_bias.detach().float().cpu(), 0.05)
         bias = torch.cat([head.out_bias.detach().float().cpu(), low.expand(len(extra))])
         wide.out_bias.copy_(bias[order])
+        for name in ROW_STATE[2:]:
+            if hasattr(head, name):
+                rows = getattr(head, name).detach().float().cpu()  # [K, ...]
+                getattr(wide, name).copy_(torch.cat([rows, rows.new_zeros(len(extra), *rows.shape[1:])])[order])
     return wide.to(head.device).train(head.training)
+
+
+def with_trained_rows(head: FeatureHead, meta: head_file.HeadMeta, out_rank: int | None) -> tuple[FeatureHead, head_file.HeadMeta]:
+    """``head`` given a trained correction of its output rows (``HeadConfig.out_rank``), starting
+    at zero: it computes exactly what it did. Unchanged when ``out_rank`` is already its own;
+    a head's trained rows are never dropped nor changed in shape (ValueError)."""
+    c = head.c
+    if out_rank == c.out_rank:
+        return head, meta
+    if c.out_rank is not None:
+        raise ValueError(f"this head's output rows are trained with out_rank {c.out_rank}; it cannot become "
+                         f"one with out_rank {out_rank}")
+    new_c = replace(c, out_rank=out_rank)
+    out = FeatureHead(new_c, head.embed[0], head.out_weight, head.token_ids)
+    out.load_state_dict(head.state_dict(), strict=False)
+    return out.to(head.device).train(head.training), replace(meta, config=new_c.to_dict())
 
 
 def grown(head: FeatureHead, meta: head_file.HeadMeta, target, num_layers: int,
@@ -98,4 +125,4 @@ __getattr__ = moved_names(__name__, "opttree.loading.head_file", (
     "CONFIG_KINDS", "HEAD_FORMAT", "HeadMeta", "META_KINDS", "is_head", "load_head", "output_rows", "read_head_meta",
     "save_head"))
 
-__all__ = ["continued_head", "grown", "new_head", "widened"]
+__all__ = ["continued_head", "grown", "new_head", "widened", "with_trained_rows"]

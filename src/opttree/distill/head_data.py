@@ -38,7 +38,7 @@ def answer_start(ids: torch.Tensor, marker: list[int]) -> int:
     m = len(marker)
     if m == 0 or len(ids) < m:
         return 0
-    hits = (ids.unfold(0, m, 1) == torch.tensor(marker)).all(-1).nonzero()  # [n, 1]
+    hits = (ids.unfold(0, m, 1) == torch.tensor(marker, device=ids.device)).all(-1).nonzero()  # [n, 1]
     return int(hits[-1]) + m if len(hits) else 0
 
 
@@ -83,15 +83,18 @@ def chunks(records: list[dict], max_len: int, marker: list[int] = (), answers_on
 
 
 def make_batch(records: list[dict], device: torch.device | str = "cpu") -> FeatureBatch:
+    """The records collated where they lie (records kept on a GPU are batched there, with no trip
+    through the host: :mod:`.resident`), then moved to ``device``."""
     b, width = len(records), max(len(r["input_ids"]) for r in records)
     h, k = records[0]["hidden"].shape[1], records[0]["topk_ids"].shape[1]
+    where = records[0]["hidden"].device
     batch = FeatureBatch(
-        tokens=torch.zeros(b, width, dtype=torch.long),
-        features=torch.zeros(b, width, h),
-        valid=torch.zeros(b, width, dtype=torch.bool),
-        topk_ids=torch.zeros(b, width, k, dtype=torch.long),
-        topk_logits=torch.zeros(b, width, k),
-        answer=torch.zeros(b, width, dtype=torch.bool),
+        tokens=torch.zeros(b, width, dtype=torch.long, device=where),
+        features=torch.zeros(b, width, h, device=where),
+        valid=torch.zeros(b, width, dtype=torch.bool, device=where),
+        topk_ids=torch.zeros(b, width, k, dtype=torch.long, device=where),
+        topk_logits=torch.zeros(b, width, k, device=where),
+        answer=torch.zeros(b, width, dtype=torch.bool, device=where),
     )
     for i, r in enumerate(records):
         n = len(r["input_ids"])

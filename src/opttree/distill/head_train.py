@@ -3,20 +3,12 @@
 Data: records from :mod:`opttree.distill.features` (tokens, the target's features ``f`` and its
 top-k next-token logits at every position).
 
-Training-time test (as EAGLE-3): the head is unrolled ``unroll`` times over each text so that it
-also learns from its OWN predicted features, which is what it reads for tree nodes deeper than
-one. Pass 0 reads the target's features: entry ``j`` reads ``f_{j-1}`` (with a little noise).
-Pass ``d`` plays a depth-``d`` tree node at ``j``:
-- its root is ``r = j - d``;
-- it reads the pass ``d - 1`` prediction at ``j - 1``;
-- it attends to pass-0 entries ``≤ r`` and to one entry of each pass ``e`` (``1 ≤ e ≤ d``), the
-  one at ``r + e`` (its own ancestors, itself last).
-
-That is exactly the tree drafting mask.
-
-Loss at every pass, summed with weights ``decay**d``:
-- soft + hard cross-entropy against the target's top-k at ``j`` (over the kept tokens);
-- ``reg_weight`` × smooth-L1 between the predicted feature and ``f_j``.
+The passes and their loss are :mod:`.head_loss`'s: training-time test (the head unrolled
+``unroll`` times, reading its own predicted features as a tree node does), and at every pass,
+weighted ``decay**d``, soft + hard cross-entropy to the target's top-k (``soft_weight``), HASS's
+top-K term (``topk_weight``) and the feature regression (``reg_weight``). The optimizer trains
+every weight of the head; a trained correction of the output rows (``out_rank``) learns at
+``out_lr_scale`` × the learning rate.
 
 Validation agreement per depth = how often the head's argmax at depth ``d`` equals the target's
 greedy token there (depth 1 is the root's children: the first drafted token).
@@ -51,9 +43,10 @@ from .head_data import (FeatureBatch, answer_start, chunks, make_batch, pick_lay
 from .checkpoint import (TrainState, capture_rng, load_optimizer_tensors, load_train_state, optimizer_tensors,
                          restore_rng, rng_from_json, rng_to_json, save_train_state)
 from ..loading.head_file import HeadMeta, save_head
-from .head import continued_head, grown, new_head, widened
+from .head import continued_head, grown, new_head, widened, with_trained_rows
+from .head_loss import kept_index, pass_loss, shifted, unroll_mask, unrolled  # noqa: F401 (their old home)
 from .shards import sha256
-from .train import kept_tokens, lr_at, ranked_tokens, soft_hard_loss, split_records
+from .train import kept_tokens, lr_at, ranked_tokens, split_records
 
 logger = logging.getLogger(__name__)
 
@@ -64,8 +57,9 @@ class HeadTrainConfig:
     init_layer: int | None = -1  # the target layer copied into the head (-1 = last; None = random)
     unroll: int = 3  # training-time test passes: depths 1..unroll
     decay: float = 0.8  # loss weight of pass d: decay**d
-    reg_weight: float = 1.0
-    noise: float = 0.05  # uniform noise on pass-0 features, times their RMS
+    reg_weight: float = 1.0  # smooth-L1 feature regression (EAGLE-1); 0 drops it (EAGLE-3)
+    noise: float = 0.05  # uniform noise on pass-0 features (head_loss.noised)
+    noise_kind: str = "rms"  # "rms": ± noise × their RMS; "eagle": (U - 0.5) × noise × 512 / length (EAGLE: 0.2)
     epochs: float = 4.0
     batch_tokens: int = 2048
     max_len: int = 512
@@ -81,58 +75,11 @@ class HeadTrainConfig:
     num_layers: int = 1  # decoder layers of the head (HeadConfig.num_layers)
     feature_layers: tuple[int, ...] = (-1,)  # target layers the head reads (HeadConfig.feature_layers)
     soft_weight: float = 0.5  # loss: this × CE to the target's top-k distribution + the rest × CE to its argmax
+    topk_weight: float = 0.0  # HASS's top-K term (head_loss.topk_loss), over the target's topk_k best tokens
+    topk_k: int = 10
+    out_rank: int | None = None  # output rows: None the target's, frozen; 0 trained in full; r a rank-r correction
+    out_lr_scale: float = 0.1  # the trained rows' learning rate, as a share of lr
     checkpoint_every: int = 25  # steps between checkpoints (with a checkpoint_dir; 0: at evaluations only)
-
-
-def unroll_mask(length: int, depth: int, valid: torch.Tensor) -> torch.Tensor:
-    """Additive mask [B, 1, L, (depth + 1) L] of pass ``depth`` over passes 0..depth (see the
-    module docstring); ``valid`` [B, L] hides padding keys of pass 0."""
-    j = torch.arange(length, device=valid.device)[:, None]
-    i = torch.arange(length, device=valid.device)[None, :]
-    blocks = [(i <= j - depth)[None] & valid[:, None, :]]  # pass 0: up to the root
-    blocks += [(i == j - depth + e)[None].expand(valid.shape[0], -1, -1) for e in range(1, depth + 1)]
-    visible = torch.cat(blocks, dim=-1)  # [B, L, (depth + 1) L]
-    visible[..., length * depth:] |= torch.eye(length, dtype=torch.bool, device=valid.device)  # itself (rows j < depth)
-    return torch.zeros(visible.shape, device=valid.device).masked_fill_(~visible, float("-inf"))[:, None]
-
-
-def shifted(features: torch.Tensor) -> torch.Tensor:
-    """[B, L, H] -> what entry j reads: features[j - 1], zeros at j = 0."""
-    return torch.cat([torch.zeros_like(features[:, :1]), features[:, :-1]], dim=1)
-
-
-def unrolled(head: FeatureHead, batch: FeatureBatch, unroll: int, noise: float) -> list[torch.Tensor]:
-    """The head's predicted features of each pass: ``unroll`` tensors [B, L, H]. Pass 0 reads
-    the target's features, fused (:meth:`FeatureHead.fuse`), plus noise."""
-    b, length = batch.tokens.shape
-    positions = torch.arange(length, device=batch.tokens.device).expand(b, -1)
-    features = head.fuse(batch.features)  # [B, L, H]
-    if noise > 0:
-        scale = features.pow(2).mean().sqrt() * noise
-        features = features + (torch.rand_like(features) * 2 - 1) * scale
-    predicted, past, inputs = [], None, shifted(features)
-    for depth in range(unroll):
-        g, new = head(inputs, batch.tokens, positions, past, unroll_mask(length, depth, batch.valid))
-        predicted.append(g)
-        past = new if past is None else past.cat(new)
-        inputs = shifted(g)
-    return predicted
-
-
-def pass_loss(head: FeatureHead, g: torch.Tensor, batch: FeatureBatch, depth: int,
-              full_to_kept: torch.Tensor, reg_weight: float,
-              answers_only: bool = False, soft_weight: float = 0.5) -> tuple[torch.Tensor, torch.Tensor]:
-    """(loss, hits [N] bool) of one pass over the positions that have a root (j >= depth),
-    answer positions only if ``answers_only``."""
-    where = (batch.answer if answers_only else batch.valid).clone()
-    where[:, :depth] = False
-    pred, true = g[where], batch.features[..., -g.shape[-1]:][where]  # [N, H]: f_j is the last layer
-    logits = head.reduced_logits(pred)  # [N, K]
-    ids = batch.topk_ids[where]
-    loss = soft_hard_loss(logits, ids, batch.topk_logits[where], ids[:, 0], full_to_kept, soft_weight=soft_weight)
-    loss = loss + reg_weight * nn.functional.smooth_l1_loss(pred, true)
-    hits = head.token_ids[logits.argmax(-1)] == ids[:, 0]
-    return loss, hits
 
 
 @torch.no_grad()
@@ -149,13 +96,6 @@ def agreement(head: FeatureHead, records: list[dict], unroll: int, batch_size: i
             total[depth] += len(h)
     head.train()
     return [x / max(t, 1) for x, t in zip(hits, total)]
-
-
-def kept_index(head: FeatureHead) -> torch.Tensor:
-    """[V] long: the kept index of each vocabulary id, or -1."""
-    full_to_kept = torch.full((head.c.vocab_size,), -1, dtype=torch.long, device=head.device)
-    full_to_kept[head.token_ids] = torch.arange(len(head.token_ids), device=head.device)
-    return full_to_kept
 
 
 @dataclass
@@ -177,10 +117,11 @@ def build_head(target, train: list[dict], cfg: HeadTrainConfig, always_keep: lis
         token_ids = kept_tokens(train, target.config.vocab_size, cfg.num_kept_tokens, list(always_keep))
         layers = len(target.get_decoder().layers)
         init_layer = None if cfg.init_layer is None else cfg.init_layer % layers
-        head, meta = new_head(target, token_ids, init_layer, cfg.num_layers, feature_layers)
+        head, meta = new_head(target, token_ids, init_layer, cfg.num_layers, feature_layers, cfg.out_rank)
     else:
         head, meta = continued_head(init, target)
         head, meta = grown(head, meta, target, cfg.num_layers, feature_layers)
+        head, meta = with_trained_rows(head, meta, cfg.out_rank)
         if cfg.num_kept_tokens > len(head.token_ids):  # widen: the most useful tokens it lacks
             ranked = ranked_tokens(train, target.config.vocab_size, list(always_keep))
             ranked = ranked[~torch.isin(ranked, head.token_ids.cpu())]
@@ -188,16 +129,27 @@ def build_head(target, train: list[dict], cfg: HeadTrainConfig, always_keep: lis
     return head.to(target.get_input_embeddings().weight.device).train(), meta
 
 
+def head_optimizer(head: FeatureHead, cfg: HeadTrainConfig) -> torch.optim.Optimizer:
+    """AdamW over the head's trainable weights in two groups: the trained output rows (if any) at
+    ``cfg.out_lr_scale`` × the learning rate, everything else at it (``lr_scale`` of each group)."""
+    rows = {id(p) for p in head.delta_parameters()}
+    params = [p for p in head.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in params if id(p) not in rows], "lr_scale": 1.0}]
+    if rows:
+        groups.append({"params": [p for p in params if id(p) in rows], "lr_scale": cfg.out_lr_scale})
+    return torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=0.0)
+
+
 def train_step(head: FeatureHead, optim: torch.optim.Optimizer, batch: FeatureBatch, cfg: HeadTrainConfig,
                full_to_kept: torch.Tensor, lr: float) -> float:
     """One optimizer step on ``batch`` at learning rate ``lr``: the unrolled passes' weighted
     loss, in bf16 autocast (float32 master weights) when ``cfg.bf16``. Returns the loss."""
     for group in optim.param_groups:
-        group["lr"] = lr
+        group["lr"] = lr * group["lr_scale"]
     with torch.autocast(device_type=head.device.type, dtype=torch.bfloat16, enabled=cfg.bf16):
         loss = sum(cfg.decay ** d * pass_loss(head, g, batch, d, full_to_kept, cfg.reg_weight, cfg.answers_only,
-                                              cfg.soft_weight)[0]
-                   for d, g in enumerate(unrolled(head, batch, cfg.unroll, cfg.noise)))
+                                              cfg.soft_weight, cfg.topk_weight, cfg.topk_k)[0]
+                   for d, g in enumerate(unrolled(head, batch, cfg.unroll, cfg.noise, cfg.noise_kind)))
     optim.zero_grad(set_to_none=True)
     loss.backward()
     nn.utils.clip_grad_norm_([p for g in optim.param_groups for p in g["params"]], 1.0)
@@ -248,8 +200,8 @@ def train_head(target, records: list[dict], out_dir: str | Path, cfg: HeadTrainC
     val = chunks(val, cfg.max_len, answer_marker, layers=feature_layers)
     head, meta = build_head(target, train, cfg, always_keep, init)
     full_to_kept = kept_index(head)
-    params = [p for p in head.parameters() if p.requires_grad]
-    optim = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
+    optim = head_optimizer(head, cfg)
+    params = [p for g in optim.param_groups for p in g["params"]]
     per_epoch = len(token_batches(train, cfg.batch_tokens, random.Random(0)))
     planned = max(1, math.ceil(cfg.epochs * per_epoch))
     train_tokens = sum(len(r["input_ids"]) for r in train)

@@ -118,11 +118,11 @@ def train_probe(target, cfg, tokens: int, bf16: bool) -> Callable[[], object]:
     ``tokens`` positions (rows of ``cfg.max_len``), as training runs it."""
     from .head_data import FeatureBatch
     from .head import new_head
-    from .head_train import kept_index, train_step
+    from .head_train import head_optimizer, kept_index, train_step
 
     vocab = target.config.vocab_size
     kept = torch.arange(min(cfg.num_kept_tokens, vocab))
-    head, _ = new_head(target, kept, None, cfg.num_layers, tuple(cfg.feature_layers))
+    head, _ = new_head(target, kept, None, cfg.num_layers, tuple(cfg.feature_layers), cfg.out_rank)
     head = head.to(target.get_input_embeddings().weight.device).train()
     rows, length = max(1, tokens // cfg.max_len), min(tokens, cfg.max_len)
     g = torch.Generator().manual_seed(0)
@@ -134,8 +134,7 @@ def train_probe(target, cfg, tokens: int, bf16: bool) -> Callable[[], object]:
         topk_ids=torch.randint(0, len(kept), (rows, length, k), generator=g),
         topk_logits=torch.randn(rows, length, k, generator=g).sort(-1, descending=True).values,
         answer=torch.ones(rows, length, dtype=torch.bool)).to(head.device)
-    params = [p for p in head.parameters() if p.requires_grad]
-    optim = torch.optim.AdamW(params, lr=1e-6)
+    optim = head_optimizer(head, replace(cfg, lr=1e-6))
     step_cfg, full_to_kept = replace(cfg, bf16=bf16), kept_index(head)
     return lambda: train_step(head, optim, batch, step_cfg, full_to_kept, 1e-6)
 

@@ -15,6 +15,7 @@ list whose first entry is used) can replace round 1 with :func:`read_jsonl_promp
 
 from __future__ import annotations
 
+import gzip
 import json
 import random
 from dataclasses import dataclass
@@ -159,12 +160,24 @@ def context_prompts(responses: list[tuple[Prompt, str]], n: int, seed: int) -> l
 
 
 def read_jsonl_prompts(path: str | Path) -> list[Prompt]:
-    """User prompts from a JSONL file: a ``prompt`` string or the first of ``turns`` per line."""
+    """User prompts from a JSONL file (gzipped if it ends in ``.gz``): a ``prompt`` string or the
+    first of ``turns`` per line; ``category``, if there, is the prompt's kind."""
+    path = Path(path)
+    text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
     prompts = []
-    for line in Path(path).read_text().splitlines():
+    for line in text.splitlines():
         if not line.strip():
             continue
         record = json.loads(line)
         text = record["prompt"] if "prompt" in record else record["turns"][0]
         prompts.append(Prompt(text=text, kind=str(record.get("category", "jsonl"))))
     return prompts
+
+
+def write_jsonl_prompts(prompts: list[Prompt], path: str | Path) -> Path:
+    """``prompts`` as :func:`read_jsonl_prompts` reads them back (``{"prompt", "category"}`` per line;
+    gzipped, byte for byte the same for the same prompts, if ``path`` ends in ``.gz``)."""
+    path = Path(path)
+    text = "".join(json.dumps({"prompt": p.text, "category": p.kind}) + "\n" for p in prompts)
+    path.write_bytes(gzip.compress(text.encode(), mtime=0) if path.suffix == ".gz" else text.encode())
+    return path

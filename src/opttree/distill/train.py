@@ -100,7 +100,7 @@ def ranked_tokens(records: list[dict], vocab_size: int, always: list[int]) -> to
     greedy = torch.zeros(vocab_size, dtype=torch.float64)
     soft = torch.zeros(vocab_size, dtype=torch.float64)
     for r in records:
-        ids = r["topk_ids"].long()  # [N, k]
+        ids = r["topk_ids"].long().cpu()  # [N, k] (records may lie on a GPU: .resident)
         greedy += torch.bincount(ids[:, 0], minlength=vocab_size).double()
         soft += torch.bincount(ids.flatten(), minlength=vocab_size).double()
     score = greedy * 1e6 + soft  # greedy counts first, soft counts break ties

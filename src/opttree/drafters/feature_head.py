@@ -6,14 +6,15 @@ feature dynamics instead of language from scratch: its entry at position ``j`` r
 
     x_j = fc([embed(t_j), f_{j-1}])                       # [H], f_{-1} = 0
     g_j = norm(layer(x_j | entries 0..j-1))               # one causal decoder layer, RoPE
-    logits_j = g_j @ W[kept].T + b                        # the target's output rows, K kept tokens
+    logits_j = g_j @ (W[kept] + D).T + b                  # the target's output rows, K kept tokens
 
 and is trained so that ``g_j ≈ f_j`` and ``logits_j`` ≈ the target's next-token logits at ``j``.
 While drafting, a tree node at depth d ≥ 1 has no target feature yet for its parent, so it reads
 the head's own prediction ``g`` of its parent instead (EAGLE's feature autoregression).
 
 :class:`FeatureHead` holds the weights (the embedding and output rows are the target's own,
-shared, never saved); :class:`FeatureHeadDrafter` is the per-call drafter with its own KV cache
+shared, never saved; ``D`` is zero, or with ``HeadConfig.out_rank`` a trained correction of the
+rows, full or low-rank, which is saved); :class:`FeatureHeadDrafter` is the per-call drafter with its own KV cache
 (see :mod:`opttree.drafters.base`). The generation loop feeds it the target's features of every
 committed position through :meth:`FeatureHeadDrafter.add_features` (it sets
 ``wants_hidden_states``). Cached entries always hold TRUE target features: tree nodes, fed with
@@ -34,6 +35,7 @@ from ..tree.draft_probs import DraftProbs
 from ..tree.draft_tree import DraftTree
 from ..tree.masks import additive_mask
 from .base import Drafter, ToProbs
+from .head_layer import KV, HeadLayer, RMSNorm, apply_rotary, attend, rotary  # noqa: F401 (re-exported)
 from .model import on
 
 
@@ -52,6 +54,9 @@ class HeadConfig:
     # tuple: 0 = the embeddings, -1 = the last, normed, hidden state), concatenated in this order.
     # The last must be -1: it is the feature the head predicts (see FeatureHead.fuse).
     feature_layers: tuple[int, ...] = (-1,)
+    # The output rows: None = the target's own rows, frozen (and not saved); 0 = the target's rows
+    # plus a trained correction D [K, H] (saved); r > 0 = plus a rank-r correction A [K, r] @ B [r, H].
+    out_rank: int | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "feature_layers", tuple(int(i) for i in self.feature_layers))
@@ -59,6 +64,8 @@ class HeadConfig:
             raise ValueError(f"feature_layers must end with -1 (the last hidden state): {self.feature_layers}")
         if self.num_layers < 1:
             raise ValueError(f"num_layers must be >= 1: {self.num_layers}")
+        if self.out_rank is not None and self.out_rank < 0:
+            raise ValueError(f"out_rank must be None, 0 (full rows) or a rank >= 1: {self.out_rank}")
 
     @property
     def feature_width(self) -> int:
@@ -87,112 +94,12 @@ class HeadConfig:
         return asdict(self)
 
 
-class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        variance = x.float().pow(2).mean(-1, keepdim=True)
-        return (x.float() * torch.rsqrt(variance + self.eps)).to(x.dtype) * self.weight
-
-
-def rotary(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """positions [b, q] long -> (cos, sin) [b, 1, q, head_dim] float32 (half-rotation layout)."""
-    inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim)
-    angles = positions[..., None].float() * inv  # [b, q, d/2]
-    angles = torch.cat([angles, angles], dim=-1)[:, None]  # [b, 1, q, d]
-    return angles.cos(), angles.sin()
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [b, heads, q, d] rotated by position."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return (x.float() * cos + rotated.float() * sin).to(x.dtype)
-
-
-@dataclass
-class KV:
-    keys: torch.Tensor  # [b, kv_heads, s, d]
-    values: torch.Tensor  # [b, kv_heads, s, d]
-
-    def __len__(self) -> int:
-        return self.keys.shape[2]
-
-    def cat(self, other: "KV") -> "KV":
-        return KV(torch.cat([self.keys, other.keys], 2), torch.cat([self.values, other.values], 2))
-
-    def layer(self, i: int, kv_heads: int) -> "KV":
-        """Layer ``i``'s entries of a multi-layer head, whose layers are stacked on the head axis
-        ([b, layers * kv_heads, s, d]): the cache stays ONE KV whatever the depth of the head."""
-        return KV(self.keys[:, i * kv_heads:(i + 1) * kv_heads], self.values[:, i * kv_heads:(i + 1) * kv_heads])
-
-    @staticmethod
-    def stack(layers: list["KV"]) -> "KV":
-        """One KV [b, len(layers) * kv_heads, s, d] of per-layer entries."""
-        if len(layers) == 1:
-            return layers[0]
-        return KV(torch.cat([k.keys for k in layers], 1), torch.cat([k.values for k in layers], 1))
-
-
-class HeadLayer(nn.Module):
-    """One pre-norm Llama-style decoder layer (parameter names as in HF Llama, so a Llama
-    target's layer can initialise it) with an explicit KV cache and additive mask."""
-
-    def __init__(self, c: HeadConfig):
-        super().__init__()
-        self.c = c
-        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_eps)
-        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_eps)
-        self.self_attn = nn.Module()
-        self.self_attn.q_proj = nn.Linear(c.hidden_size, c.num_heads * c.head_dim, bias=False)
-        self.self_attn.k_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=False)
-        self.self_attn.v_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=False)
-        self.self_attn.o_proj = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=False)
-        self.mlp = nn.Module()
-        self.mlp.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
-        self.mlp.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
-        self.mlp.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
-
-    def project_kv(self, h: torch.Tensor, cos, sin) -> KV:
-        """Normed input h [b, q, H] -> this layer's keys/values for it."""
-        b, q, _ = h.shape
-        c, a = self.c, self.self_attn
-        k = a.k_proj(h).view(b, q, c.num_kv_heads, c.head_dim).transpose(1, 2)
-        v = a.v_proj(h).view(b, q, c.num_kv_heads, c.head_dim).transpose(1, 2)
-        return KV(apply_rotary(k, cos, sin), v)
-
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, past: KV | None,
-                mask: torch.Tensor) -> tuple[torch.Tensor, KV]:
-        """x [b, q, H]; positions [b, q]; past: cached entries (s of them) or None;
-        mask [b, 1, q, s + q] additive. Returns (output [b, q, H], the new entries' KV)."""
-        b, q, _ = x.shape
-        c, a = self.c, self.self_attn
-        cos, sin = rotary(positions, c.head_dim, c.rope_theta)
-        h = self.input_layernorm(x)
-        query = apply_rotary(a.q_proj(h).view(b, q, c.num_heads, c.head_dim).transpose(1, 2), cos, sin)
-        new = self.project_kv(h, cos, sin)
-        kv = new if past is None else past.cat(new)
-        attended = attend(query, kv, mask)  # [b, heads, q, d]
-        x = x + a.o_proj(attended.transpose(1, 2).reshape(b, q, c.num_heads * c.head_dim))
-        h = self.post_attention_layernorm(x)
-        x = x + self.mlp.down_proj(nn.functional.silu(self.mlp.gate_proj(h)) * self.mlp.up_proj(h))
-        return x, new
-
-
-def attend(query: torch.Tensor, kv: KV, mask: torch.Tensor) -> torch.Tensor:
-    """query [b, heads, q, d], kv with kv_heads dividing heads, mask [b, 1, q, s] additive."""
-    groups = query.shape[1] // kv.keys.shape[1]
-    keys = kv.keys.repeat_interleave(groups, dim=1)
-    values = kv.values.repeat_interleave(groups, dim=1)
-    return nn.functional.scaled_dot_product_attention(query, keys, values, attn_mask=mask.to(query.dtype))
-
-
 class FeatureHead(nn.Module):
     """The head's weights. ``embed`` is the target's input embedding and ``out_weight`` [K, H]
-    rows of its output embedding (for the K tokens in ``token_ids``): both frozen, not saved."""
+    rows of its output embedding (for the K tokens in ``token_ids``): both frozen, not saved.
+    With ``c.out_rank`` set, a trained correction of those rows is added (:meth:`output_rows`):
+    ``out_delta`` [K, H] (rank 0) or ``out_delta_a`` [K, r] @ ``out_delta_b`` [r, H]; both start at
+    zero product, so a head given one computes exactly what it did."""
 
     def __init__(self, c: HeadConfig, embed: nn.Module, out_weight: torch.Tensor, token_ids: torch.Tensor):
         super().__init__()
@@ -207,9 +114,16 @@ class FeatureHead(nn.Module):
             self.fuse_proj = nn.Linear(lower * c.hidden_size, c.hidden_size, bias=False)
             nn.init.zeros_(self.fuse_proj.weight)  # starts as the last hidden state alone
         self.out_bias = nn.Parameter(torch.zeros(out_weight.shape[0]))
+        kept, hidden = out_weight.shape
+        if c.out_rank == 0:
+            self.out_delta = nn.Parameter(torch.zeros(kept, hidden))  # [K, H]
+        elif c.out_rank is not None:
+            self.out_delta_a = nn.Parameter(torch.zeros(kept, c.out_rank))  # [K, r]: zero, so D starts at 0
+            self.out_delta_b = nn.Parameter(torch.randn(c.out_rank, hidden) / hidden ** 0.5)  # [r, H]
         self.register_buffer("token_ids", token_ids.to(torch.long))  # [K]
         self.register_buffer("out_weight", out_weight.detach().float().clone(), persistent=False)  # [K, H]
         self.embed = [embed]  # a list: not a submodule, so never saved nor moved with the head
+        self._merged: tuple[tuple, torch.Tensor] | None = None  # output_rows() cached outside autograd
 
     def forward(self, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
                 past: KV | None, mask: torch.Tensor) -> tuple[torch.Tensor, KV]:
@@ -250,10 +164,37 @@ class FeatureHead(nn.Module):
             return hidden_states[-1]
         return self.fuse(torch.cat([hidden_states[i] for i in self.c.feature_layers], dim=-1))
 
+    def delta_parameters(self) -> list[nn.Parameter]:
+        """The parameters of the rows' trained correction: [], [D] or [A, B] (by ``c.out_rank``)."""
+        if self.c.out_rank is None:
+            return []
+        return [self.out_delta] if self.c.out_rank == 0 else [self.out_delta_a, self.out_delta_b]
+
+    def delta(self) -> torch.Tensor | None:
+        """The trained correction of the output rows [K, H], or None (``c.out_rank`` is None)."""
+        if self.c.out_rank is None:
+            return None
+        if self.c.out_rank == 0:
+            return self.out_delta
+        return self.out_delta_a @ self.out_delta_b
+
+    def output_rows(self) -> torch.Tensor:
+        """[K, H]: the rows the logits read, the target's plus the trained correction. Outside
+        autograd (drafting) the sum is computed once and kept until a weight changes in place."""
+        if self.c.out_rank is None:
+            return self.out_weight
+        if torch.is_grad_enabled():
+            return self.out_weight + self.delta().to(self.out_weight.dtype)
+        key = tuple((id(t), t._version, t.dtype, t.device) for t in [self.out_weight, *self.delta_parameters()])
+        if self._merged is None or self._merged[0] != key:
+            self._merged = (key, self.out_weight + self.delta().to(self.out_weight.dtype))
+        return self._merged[1]
+
     def reduced_logits(self, predicted: torch.Tensor) -> torch.Tensor:
         """predicted features [..., H] -> logits over the K kept tokens [..., K]."""
         # not an nn.Linear: linears.linear gives it the few-row kernels the head's layers get
-        weight = self.out_weight if self.out_weight.dtype == predicted.dtype else self.out_weight.to(predicted.dtype)
+        weight = self.output_rows()
+        weight = weight if weight.dtype == predicted.dtype else weight.to(predicted.dtype)
         return linears.linear(predicted, weight, self.out_bias)
 
     def full_logits(self, predicted: torch.Tensor) -> torch.Tensor:

@@ -31,7 +31,7 @@ from torch import nn
 
 from .files import (COUNT, INDEXES, META_FILE, NUMBER, TEXT, WEIGHTS_FILE, check_format, embedding_matches, first_problem,
                     parse_meta, read_weights, weights_mismatch)
-from .head_file import HEAD_FORMAT
+from .head_file import HEAD_FORMATS
 
 logger = logging.getLogger(__name__)
 
@@ -149,7 +149,7 @@ def load_model_draft(path: Path, target, data: dict):
     from transformers import LlamaConfig
 
     meta = parse_meta(DraftMeta, data, META_KINDS, str(path / META_FILE))
-    check_format(meta.format, (FORMAT, HEAD_FORMAT), path)
+    check_format(meta.format, (FORMAT, *HEAD_FORMATS), path)
     if (meta.target_vocab_size, meta.target_hidden_size) != (
         target.config.vocab_size, target.config.hidden_size
     ):

@@ -2,8 +2,10 @@
 
 A saved head is a folder with ``opttree_draft.json`` (format tag, shapes, target fingerprint) and
 ``model.safetensors`` holding only what the target cannot rebuild: fc, the layer, the norm, the
-output bias and the kept token ids. The embedding and the output rows come from the target at
-load time (:func:`load_head`, or :func:`opttree.loading.load_draft` which dispatches on the
+output bias and the kept token ids, and, for a head whose output rows were trained
+(``HeadConfig.out_rank``), their correction. The embedding and the output rows come from the target
+at load time. Format tags: ``/1`` for a head on the target's own rows (what every release has
+written), ``/2`` for one with trained rows (older releases refuse it by its tag); both load (:func:`load_head`, or :func:`opttree.loading.load_draft` which dispatches on the
 format). Training makes a head with :func:`opttree.distill.head.new_head`.
 """
 
@@ -11,18 +13,20 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
 
 from ..drafters.feature_head import FeatureHead, HeadConfig
-from .files import (COUNT, INDEX_OR_NULL, INTEGERS, META_FILE, NUMBER, OBJECT, POSITIVE, TEXT, WEIGHTS_FILE,
+from .files import (COUNT, INDEX_OR_NULL, INTEGERS, META_FILE, NUMBER, OBJECT, POSITIVE, REWRITE, TEXT, WEIGHTS_FILE,
                     check_format, embedding_matches, first_problem, parse_meta, read_meta, read_weights, weights_mismatch)
 
 logger = logging.getLogger(__name__)
 
-HEAD_FORMAT = "opttree-feature-head/1"
+HEAD_FORMAT = "opttree-feature-head/1"  # the target's own output rows
+HEAD_FORMAT_ROWS = "opttree-feature-head/2"  # plus trained rows (HeadConfig.out_rank)
+HEAD_FORMATS = (HEAD_FORMAT, HEAD_FORMAT_ROWS)
 
 
 @dataclass(frozen=True)
@@ -39,7 +43,12 @@ META_KINDS = {"format": TEXT, "config": OBJECT, "init_layer": INDEX_OR_NULL, "ta
               "target_name": TEXT}
 CONFIG_KINDS = {"hidden_size": COUNT, "num_heads": COUNT, "num_kv_heads": COUNT, "head_dim": COUNT,
                 "intermediate_size": COUNT, "vocab_size": COUNT, "rms_eps": POSITIVE, "rope_theta": POSITIVE,
-                "num_layers": COUNT, "feature_layers": INTEGERS}
+                "num_layers": COUNT, "feature_layers": INTEGERS, "out_rank": INDEX_OR_NULL}
+
+
+def head_format(c: HeadConfig) -> str:
+    """The format tag a head of config ``c`` is saved under: ``/2`` only where its rows were trained."""
+    return HEAD_FORMAT if c.out_rank is None else HEAD_FORMAT_ROWS
 
 
 def output_rows(target, token_ids: torch.Tensor) -> torch.Tensor:
@@ -55,24 +64,30 @@ def save_head(head: FeatureHead, meta: HeadMeta, path: str | Path, dtype: torch.
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    (path / META_FILE).write_text(json.dumps(asdict(meta), indent=2) + "\n")
+    meta = replace(meta, format=head_format(head.c), config=head.c.to_dict())
+    config = {k: v for k, v in meta.config.items() if k != "out_rank" or v is not None}  # /1 as it always was
+    (path / META_FILE).write_text(json.dumps(asdict(replace(meta, config=config)), indent=2) + "\n")
     state = {k: (v.to(dtype) if v.is_floating_point() else v).detach().contiguous().cpu()
              for k, v in head.state_dict().items()}
-    save_file(state, str(path / WEIGHTS_FILE), metadata={"format": HEAD_FORMAT})
+    save_file(state, str(path / WEIGHTS_FILE), metadata={"format": meta.format})
     return path
 
 
 def is_head(path: str | Path) -> bool:
     """Whether ``path`` is a saved head (by its META_FILE's format; ValueError if that file is junk)."""
     path = Path(path)
-    return (path / META_FILE).is_file() and read_meta(path).get("format") == HEAD_FORMAT
+    return (path / META_FILE).is_file() and read_meta(path).get("format") in HEAD_FORMATS
 
 
 def read_head_meta(path: Path) -> tuple[HeadMeta, HeadConfig]:
     """A saved head's metadata and shapes, every key checked (ValueError naming the file)."""
     meta = parse_meta(HeadMeta, read_meta(path), META_KINDS, str(path / META_FILE))
-    check_format(meta.format, (HEAD_FORMAT,), path)
-    return meta, parse_meta(HeadConfig, meta.config, CONFIG_KINDS, f"{path / META_FILE} ('config')")
+    check_format(meta.format, HEAD_FORMATS, path)
+    c = parse_meta(HeadConfig, meta.config, CONFIG_KINDS, f"{path / META_FILE} ('config')")
+    if meta.format != head_format(c):
+        raise ValueError(f"{path / META_FILE}: format {meta.format!r} does not match its config (out_rank "
+                         f"{c.out_rank}: {head_format(c)!r}); {REWRITE}")
+    return meta, c
 
 
 def load_head(path: str | Path, target) -> FeatureHead:

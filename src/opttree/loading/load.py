@@ -15,7 +15,7 @@ from ..hf.validation import check_causal_lm
 from .draft_dtype import check_dtype, in_dtype
 from .draft_model import ReducedVocabHead, load_model_draft
 from .files import META_FILE, read_meta
-from .head_file import HEAD_FORMAT, load_head
+from .head_file import HEAD_FORMATS, load_head
 
 
 def load_draft(path: str | Path, target, dtype: torch.dtype | str | None = None):
@@ -37,7 +37,7 @@ def load_draft(path: str | Path, target, dtype: torch.dtype | str | None = None)
     dtype = check_dtype(dtype)
     path = Path(path)
     data = read_meta(path)
-    draft = load_head(path, target) if data.get("format") == HEAD_FORMAT else load_model_draft(path, target, data)
+    draft = load_head(path, target) if data.get("format") in HEAD_FORMATS else load_model_draft(path, target, data)
     return in_dtype(draft, dtype, target, path)
 
 

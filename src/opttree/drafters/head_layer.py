@@ -1,0 +1,112 @@
+"""The parts of a feature head's decoder layer (:mod:`opttree.drafters.feature_head`): RMSNorm,
+rotary positions, a KV cache of explicit tensors, one Llama-style layer and its attention."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        variance = x.float().pow(2).mean(-1, keepdim=True)
+        return (x.float() * torch.rsqrt(variance + self.eps)).to(x.dtype) * self.weight
+
+
+def rotary(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """positions [b, q] long -> (cos, sin) [b, 1, q, head_dim] float32 (half-rotation layout)."""
+    inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim)
+    angles = positions[..., None].float() * inv  # [b, q, d/2]
+    angles = torch.cat([angles, angles], dim=-1)[:, None]  # [b, 1, q, d]
+    return angles.cos(), angles.sin()
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [b, heads, q, d] rotated by position."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return (x.float() * cos + rotated.float() * sin).to(x.dtype)
+
+
+@dataclass
+class KV:
+    keys: torch.Tensor  # [b, kv_heads, s, d]
+    values: torch.Tensor  # [b, kv_heads, s, d]
+
+    def __len__(self) -> int:
+        return self.keys.shape[2]
+
+    def cat(self, other: "KV") -> "KV":
+        return KV(torch.cat([self.keys, other.keys], 2), torch.cat([self.values, other.values], 2))
+
+    def layer(self, i: int, kv_heads: int) -> "KV":
+        """Layer ``i``'s entries of a multi-layer head, whose layers are stacked on the head axis
+        ([b, layers * kv_heads, s, d]): the cache stays ONE KV whatever the depth of the head."""
+        return KV(self.keys[:, i * kv_heads:(i + 1) * kv_heads], self.values[:, i * kv_heads:(i + 1) * kv_heads])
+
+    @staticmethod
+    def stack(layers: list["KV"]) -> "KV":
+        """One KV [b, len(layers) * kv_heads, s, d] of per-layer entries."""
+        if len(layers) == 1:
+            return layers[0]
+        return KV(torch.cat([k.keys for k in layers], 1), torch.cat([k.values for k in layers], 1))
+
+
+class HeadLayer(nn.Module):
+    """One pre-norm Llama-style decoder layer (parameter names as in HF Llama, so a Llama
+    target's layer can initialise it) with an explicit KV cache and additive mask."""
+
+    def __init__(self, c):  # c: a feature_head.HeadConfig
+        super().__init__()
+        self.c = c
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_eps)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_eps)
+        self.self_attn = nn.Module()
+        self.self_attn.q_proj = nn.Linear(c.hidden_size, c.num_heads * c.head_dim, bias=False)
+        self.self_attn.k_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=False)
+        self.self_attn.v_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=False)
+        self.self_attn.o_proj = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=False)
+        self.mlp = nn.Module()
+        self.mlp.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.mlp.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.mlp.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+
+    def project_kv(self, h: torch.Tensor, cos, sin) -> KV:
+        """Normed input h [b, q, H] -> this layer's keys/values for it."""
+        b, q, _ = h.shape
+        c, a = self.c, self.self_attn
+        k = a.k_proj(h).view(b, q, c.num_kv_heads, c.head_dim).transpose(1, 2)
+        v = a.v_proj(h).view(b, q, c.num_kv_heads, c.head_dim).transpose(1, 2)
+        return KV(apply_rotary(k, cos, sin), v)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, past: KV | None,
+                mask: torch.Tensor) -> tuple[torch.Tensor, KV]:
+        """x [b, q, H]; positions [b, q]; past: cached entries (s of them) or None;
+        mask [b, 1, q, s + q] additive. Returns (output [b, q, H], the new entries' KV)."""
+        b, q, _ = x.shape
+        c, a = self.c, self.self_attn
+        cos, sin = rotary(positions, c.head_dim, c.rope_theta)
+        h = self.input_layernorm(x)
+        query = apply_rotary(a.q_proj(h).view(b, q, c.num_heads, c.head_dim).transpose(1, 2), cos, sin)
+        new = self.project_kv(h, cos, sin)
+        kv = new if past is None else past.cat(new)
+        attended = attend(query, kv, mask)  # [b, heads, q, d]
+        x = x + a.o_proj(attended.transpose(1, 2).reshape(b, q, c.num_heads * c.head_dim))
+        h = self.post_attention_layernorm(x)
+        x = x + self.mlp.down_proj(nn.functional.silu(self.mlp.gate_proj(h)) * self.mlp.up_proj(h))
+        return x, new
+
+
+def attend(query: torch.Tensor, kv: KV, mask: torch.Tensor) -> torch.Tensor:
+    """query [b, heads, q, d], kv with kv_heads dividing heads, mask [b, 1, q, s] additive."""
+    groups = query.shape[1] // kv.keys.shape[1]
+    keys = kv.keys.repeat_interleave(groups, dim=1)
+    values = kv.values.repeat_interleave(groups, dim=1)
+    return nn.functional.scaled_dot_product_attention(query, keys, values, attn_mask=mask.to(query.dtype))
