@@ -20,6 +20,12 @@ behind the stream T(n) stays flat. This prints, from ONE run (so the same load):
 
     .venv/bin/python benchmarks/verify_cost.py --threads 2                 # SmolLM2-135M, float32
     .venv/bin/python benchmarks/verify_cost.py --random-weights --compile  # its shapes, random weights
+    python benchmarks/verify_cost.py --device cuda --random-weights --dtype bfloat16 --compile  # a GPU
+
+On ``--device cuda`` the CPU kernels' rows are left out (they are CPU kernels), the times are CUDA
+events around each forward, and ``--compile`` compiles as generate() does on a GPU: a StaticCache
+and ``mode="reduce-overhead"`` (CUDA graphs, one per size). ``--llama-1b`` times a 1.2 B-parameter
+Llama of random weights too (hidden 2048, 16 layers), where a GPU's flat region shows better.
 """
 
 from __future__ import annotations
@@ -119,6 +125,106 @@ def compiled_ms(model, rows: list[int], repeats: int, freezing: bool) -> tuple[l
     return first, after
 
 
+def llama_1b(seed: int = 0):
+    """A Llama of ~1.2 B parameters (hidden 2048, 16 layers, SmolLM2's vocabulary), random weights."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=49152, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                         num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192,
+                         tie_word_embeddings=True)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config).eval()
+
+
+def cuda_ms(model, rows: list[int], repeats: int, mode: str | None) -> tuple[list[float], list[float]]:
+    """(first-call seconds, median ms after it) of a verification forward of each size on CUDA, over a
+    StaticCache; ``mode``: None eager, else torch.compile's mode (generate()'s is "reduce-overhead")."""
+    from transformers import StaticCache
+
+    from opttree.hf import kv_cache
+    from opttree.hf.compat import with_cache
+    from opttree.tree import DraftTree
+    from opttree.tree.masks import verification_inputs
+
+    device, vocab = model.device, model.config.vocab_size
+    length = PREFIX + max(rows)
+    cache = StaticCache(config=model.config, max_cache_len=length)
+    forward = model.__call__ if mode is None else torch.compile(model.__call__, dynamic=False, mode=mode)
+    first, after = [], []
+    with torch.no_grad():
+        model(input_ids=(torch.arange(PREFIX, device=device) * 7 % vocab)[None], **with_cache(model, cache),
+              use_cache=True, logits_to_keep=1)
+        for r in rows:
+            tree = DraftTree(torch.arange(r - 1, device=device) % vocab, torch.full((r - 1,), -1, device=device),
+                             torch.ones(r - 1, device=device))
+            inputs = verification_inputs(1, tree, PREFIX, model.dtype, size=r, kv_len=length).as_kwargs()
+            call = dict(**inputs, **with_cache(model, cache), use_cache=True, logits_to_keep=0)
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(3):  # reduce-overhead records its graph on a later call than the first
+                forward(**call)
+                kv_cache.rewind(cache, PREFIX)
+            torch.cuda.synchronize()
+            first.append(time.perf_counter() - start)
+            times = []
+            for _ in range(repeats):
+                begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                begin.record()
+                forward(**call)
+                end.record()
+                torch.cuda.synchronize()
+                times.append(begin.elapsed_time(end))
+                kv_cache.rewind(cache, PREFIX)
+            after.append(statistics.median(times))
+    return first, after
+
+
+def cuda_stream_ms(model, rounds: int = 7) -> tuple[float, int]:
+    """stream_ms on CUDA: each weight's sum, timed with CUDA events."""
+    params = list({p.data_ptr(): p for p in model.parameters()}.values())
+    size = sum(p.numel() * p.element_size() for p in params)
+    times = []
+    with torch.inference_mode():
+        for _ in range(rounds):
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            for p in params:
+                p.sum()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(begin.elapsed_time(end))
+    return statistics.median(times), size
+
+
+def cuda_main(args, rows: list[int]) -> None:
+    """The table on CUDA: eager and (with --compile) reduce-overhead, per model."""
+    models = {"SmolLM2-135M shapes": "smollm2"} if args.random_weights else {"SmolLM2-135M": "real"}
+    if args.llama_1b:
+        models["Llama 1.2 B shapes"] = "1b"
+    print(f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}, {args.dtype}, {PREFIX}-token prefix, "
+          f"median of {args.repeats} (CUDA events)")
+    for title, kind in models.items():
+        model = (llama_1b() if kind == "1b" else load(args)).to("cuda", getattr(torch, args.dtype))
+        stream, size = cuda_stream_ms(model)
+        table = {"eager": cuda_ms(model, rows, args.repeats, None)[1]}
+        first = None
+        if args.compile:
+            first, table["compiled (reduce-overhead)"] = cuda_ms(model, rows, args.repeats, "reduce-overhead")
+        print()
+        print(f"{title}: weights {size / 1e6:.0f} MB read in {stream:.2f} ms ({size / stream / 1e6:.0f} GB/s)")
+        print("| ms | " + " | ".join(str(r) for r in rows) + " | T(16)/T(1) | T(1)/stream |")
+        print("|---|" + "---|" * (len(rows) + 2))
+        for name, ms in table.items():
+            t1, t16 = ms[rows.index(1)], ms[rows.index(16)] if 16 in rows else float("nan")
+            print(f"| {name} | " + " | ".join(f"{m:.2f}" for m in ms) + f" | {t16 / t1:.2f} | {t1 / stream:.2f} |")
+        if first is not None:
+            print("first three calls (compile, graph capture) per size, s: "
+                  + ", ".join(f"{r}: {s:.0f}" for r, s in zip(rows, first)))
+        del model
+        torch.cuda.empty_cache()
+
+
 def load(args):
     if args.random_weights:
         from opttree.smollm2 import random_smollm2
@@ -141,7 +247,14 @@ def main(argv=None) -> None:
     parser.add_argument("--random-weights", action="store_true", help="SmolLM2-135M's config, random weights")
     parser.add_argument("--compile", action="store_true", help="also torch.compile over a StaticCache")
     parser.add_argument("--freezing", action="store_true", help="with --compile: Inductor's freezing")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--llama-1b", action="store_true", help="on cuda: a 1.2 B Llama of random weights too")
+    parser.add_argument("--sizes", help="comma-separated row counts instead of VERIFY_SIZES up to --max-rows")
     args = parser.parse_args(argv)
+    if args.device == "cuda":
+        cuda_main(args, [int(r) for r in args.sizes.split(",")] if args.sizes
+                  else [r for r in VERIFY_SIZES if r <= args.max_rows])
+        return
     torch.set_num_threads(args.threads)
     model = load(args).to(getattr(torch, args.dtype))
     rows = [r for r in VERIFY_SIZES if r <= args.max_rows]

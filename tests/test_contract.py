@@ -123,6 +123,20 @@ TENSOR_EXAMPLES = {  # refused values the contract cannot hold as constants: mad
 EXAMPLES = sorted({name for name, refusal in REFUSED.items() if refusal.example is not None} | set(TENSOR_EXAMPLES))
 
 
+BUILT_BEFORE_THE_CALLABLE = {"cache_implementation"}  # generate() builds the cache, then calls a custom_generate callable
+
+
+def preparation_error(target, kw: dict) -> Exception | None:
+    """What generate() without a draft raises on this machine for ``kw`` before its first forward (None:
+    nothing): the preparation a custom_generate callable runs after."""
+    with counted_forwards(target) as calls:
+        try:
+            target.generate(input_ids=prompt(), max_new_tokens=1, do_sample=False, **kw)
+        except Exception as error:  # noqa: BLE001 - whatever stock raises there, the callable way meets first
+            return error if not calls else None
+    return None
+
+
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
 @pytest.mark.parametrize("name", EXAMPLES)
 def test_each_refused_value_is_refused_by_name_before_any_forward(name, family):
@@ -130,6 +144,11 @@ def test_each_refused_value_is_refused_by_name_before_any_forward(name, family):
     example = TENSOR_EXAMPLES[name](target) if name in TENSOR_EXAMPLES else REFUSED[name].example
     kw = {name: example, **EXTRA.get(name, {})}
     for way, run in ways(target, draft).items():
+        stock = preparation_error(target, kw) if way == "custom_generate" and name in BUILT_BEFORE_THE_CALLABLE else None
+        if stock is not None:  # e.g. an offloaded cache with a CUDA build of torch and no driver (CI's torch
+            with pytest.raises(type(stock)):  # 2.14.1): torch.Stream() fails in generate() itself, before opttree
+                run(input_ids=prompt(), max_new_tokens=4, do_sample=False, **kw)
+            continue
         with counted_forwards(target, draft) as calls:
             with pytest.raises((ValueError, NotImplementedError, TypeError)) as error:
                 run(input_ids=prompt(), max_new_tokens=4, do_sample=False, **kw)

@@ -44,6 +44,20 @@ def test_static_cache_output_equals_plain_greedy(family):
     assert out.stats.mean_accepted_tokens > 2.0  # paths were accepted: slots really moved
 
 
+@pytest.mark.parametrize("name", ["sliding_window", "hybrid"])
+def test_transformers_older_names_for_a_static_cache_are_honoured_too(name):
+    """transformers builds a StaticCache for them (it warns they are deprecated); the contract does not refuse them."""
+    from opttree import speculative
+
+    target = no_eos(tiny_model("llama"))
+    plain = target.generate(PROMPT, max_new_tokens=20, do_sample=False)
+    model = speculative(no_eos(tiny_model("llama")))
+    out = model.generate(PROMPT, max_new_tokens=20, do_sample=False, cache_implementation=name,
+                         draft_model=partly_agreeing(model), nodes=8, threshold=0.0, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, plain)
+    assert out.stats.mean_accepted_tokens > 1.0
+
+
 def test_every_way_in_honours_it_and_the_cache_grows_only_before_its_first_forward():
     from opttree import speculative
 

@@ -125,8 +125,9 @@ def check_dropped_arguments(model, kwargs: dict) -> None:
             raise refused(name, kwargs[name], REFUSED[name])
     if requested(model, kwargs, "token_healing"):
         raise refused("token_healing", True, REFUSED["token_healing"])
-    if requested(model, kwargs, "cache_implementation") == "paged":  # generate() hands it to generate_batch()
-        raise refused("cache_implementation", "paged", REFUSED["cache_implementation"])
+    implementation = requested(model, kwargs, "cache_implementation")  # before generate() builds the cache
+    if REFUSED["cache_implementation"].refuses(implementation):  # ("paged": it would hand it to generate_batch())
+        raise refused("cache_implementation", implementation, REFUSED["cache_implementation"])
 
 
 def stop_strings_criterion(model, kwargs: dict) -> None:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from transformers import GenerationConfig
+from transformers.generation.configuration_utils import ALL_STATIC_CACHE_IMPLEMENTATIONS
 from transformers.generation.utils import GenerationMixin
 
 __all__ = ["HONOURED", "NOT_APPLYING", "REFUSED", "Refusal", "generate_arguments", "placement", "unplaced"]
@@ -33,6 +34,12 @@ __all__ = ["HONOURED", "NOT_APPLYING", "REFUSED", "Refusal", "generate_arguments
 def _given(value) -> bool:
     """Any value but generate()'s "not given" (None, False)."""
     return value is not None and value is not False
+
+
+def _rewritable_cache(value) -> bool:
+    """None, "dynamic", or a static cache that is not offloaded ("static", and the names transformers
+    keeps for it: "sliding_window", "hybrid", "hybrid_chunked", which build a StaticCache)."""
+    return value in (None, "dynamic") or (value in ALL_STATIC_CACHE_IMPLEMENTATIONS and "offloaded" not in value)
 
 
 @dataclass(frozen=True)
@@ -185,8 +192,8 @@ REFUSED: dict[str, Refusal] = {
     "cache_implementation": Refusal(
         "opttree keeps only the accepted path in a cache it can rewrite (dynamic or static): use "
         "cache_implementation='static' or drop it",
-        lambda v: v not in (None, "dynamic", "static"), "hf.kv_cache.check_cache and arguments.check_dropped_arguments",
-        "offloaded_static"),
+        lambda v: not _rewritable_cache(v), "arguments.check_dropped_arguments (by value) and hf.kv_cache.check_cache "
+        "(by the cache's type: the custom_generate callable sees the cache generate() built)", "offloaded_static"),
     "cache": Refusal("opttree starts from an empty DynamicCache or StaticCache: pass an empty one or drop it", _given,
                      "hf.kv_cache.check_cache"),
     "past_key_values": Refusal("opttree starts from an empty DynamicCache or StaticCache: pass an empty one or drop it",
