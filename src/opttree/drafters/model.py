@@ -119,11 +119,13 @@ class ModelDrafter(Drafter):
             path = torch.tensor(accepted_pool_ids, dtype=torch.long, device=self.fed.device)  # [a]
             hits = path[:, None] == self.fed[None, :]  # [a, f]
             fed_prefix = hits.any(dim=1).cumprod(dim=0).sum()  # how many of the path were fed
-            found = torch.cat([fed_prefix[None], hits.to(torch.int8).argmax(dim=1)]).tolist()
+            where = hits.to(torch.int8).argmax(dim=1)  # [a] each path node's slot among the fed
+            found = torch.cat([fed_prefix[None], where]).tolist()
             slots = [self.prefix_len + c for c in found[1:1 + found[0]]]
+            on_device = where[:found[0]] + self.prefix_len  # the same slots, where the cache is
         else:
-            slots = []
-        kv_cache.keep_slots(self.cache, self.prefix_len, slots)
+            slots, on_device = [], None
+        kv_cache.keep_slots(self.cache, self.prefix_len, slots, on_device)
         self.prefix_len += len(slots)
         self.fed = self.fed[:0]
 

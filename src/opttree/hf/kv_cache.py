@@ -101,12 +101,15 @@ def rewind(cache: DynamicCache | StaticCache, length: int) -> None:
         cache.crop(-(cache_length(cache) - length))
 
 
-def keep_slots(cache: DynamicCache | StaticCache, start: int, slots: list[int]) -> None:
+def keep_slots(cache: DynamicCache | StaticCache, start: int, slots: list[int],
+               on_device: torch.Tensor | None = None) -> None:
     """Keep cache slots ``[0, start)`` followed by ``slots``; drop everything else (a static
     cache: set its count; the stale slots after it are hidden by the mask and written over).
 
     slots: ascending host ints, each >= start (the accepted path: already on the host, so
-    deciding what to move reads nothing back). ONE index tensor serves every layer on a device.
+    deciding what to move reads nothing back). on_device: the same slots as a [len(slots)] long
+    tensor where the walk left them (else they are copied from the host: on a GPU, a copy that
+    waits for the stream). ONE index tensor serves every layer on a device.
     """
     total = cache_length(cache)
     k = len(slots)
@@ -117,7 +120,8 @@ def keep_slots(cache: DynamicCache | StaticCache, start: int, slots: list[int]) 
                 continue
             device = layer.keys.device
             if device not in index:
-                index[device] = torch.tensor(slots, dtype=torch.long, device=device)
+                index[device] = (torch.tensor(slots, dtype=torch.long, device=device) if on_device is None
+                                 else on_device.to(device))
             layer.keys[..., start:start + k, :] = layer.keys[..., index[device], :]
             layer.values[..., start:start + k, :] = layer.values[..., index[device], :]
     if is_static(cache):

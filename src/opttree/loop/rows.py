@@ -101,8 +101,9 @@ class Slots:
         nodes, dummy rows) is dropped."""
         past = self.length
         if self.valid is None:
-            nodes = acceptances[0].nodes
-            kv_cache.keep_slots(cache, past + 1, [past + 1 + i for i in nodes])
+            nodes, on_device = acceptances[0].nodes, acceptances[0].device_nodes
+            kv_cache.keep_slots(cache, past + 1, [past + 1 + i for i in nodes],
+                                None if on_device is None else on_device + (past + 1))
             self.length = past + 1 + len(nodes)
             return
         width = 1 + max(a.accepted for a in acceptances)  # shorter rows are padded with holes
@@ -126,6 +127,15 @@ class Slots:
         self.length = self.valid.shape[1]
 
 
+def new_tokens(acceptance: Acceptance, tokens: list[int], sequence: torch.Tensor) -> torch.Tensor:
+    """[len(tokens)] the step's first tokens as ``sequence``'s kind of tensor: the walk's own copy on
+    the device where it has one (no host-to-device copy), else made from the host ints."""
+    on_device = acceptance.device_tokens
+    if on_device is None:
+        return torch.tensor(tokens, dtype=sequence.dtype, device=sequence.device)
+    return on_device[:len(tokens)].to(sequence.device, sequence.dtype)
+
+
 def commit_tokens(row: Row, acceptance: Acceptance, stop: StopRule, stopping_criteria, pad_finished: bool) -> int:
     """Append a step's tokens to ``row`` up to the first one after which a stopping criterion fires
     (asked as generate() asks them, on the row alone); with ``pad_finished`` False (no EOS criterion)
@@ -144,7 +154,7 @@ def commit_tokens(row: Row, acceptance: Acceptance, stop: StopRule, stopping_cri
             if pad_finished:
                 tokens = tokens[:cut]
                 row.done = True
-    row.sequence = torch.cat([row.sequence, torch.tensor(tokens, dtype=row.sequence.dtype, device=row.sequence.device)])
+    row.sequence = torch.cat([row.sequence, new_tokens(acceptance, tokens, row.sequence)])
     row.done = row.done or len(row.sequence) >= row.limit
     return len(tokens)
 

@@ -13,7 +13,7 @@ the last verify are not steps. Both modes are thread-local and removed on exit.
 
     with OverheadCounter(target, draft) as counter:
         model.generate(...)
-    print(counter.mean())  # StepCounts(ops=..., reads=..., host_ms=..., kernels=...)
+    print(counter.mean())  # StepCounts(ops=..., reads=..., host_ms=..., kernels=..., uploads=...)
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ class StepCounts:
     reads: float  # host reads outside the forwards
     host_ms: float  # wall time outside the forwards
     kernels: float = 0.0  # of ``ops``: those that launch a kernel on a GPU (not views, not metadata)
+    uploads: float = 0.0  # tensors made from host data outside the forwards: on a GPU, each a copy that syncs
 
 
 def _is_read(func, args) -> bool:
@@ -58,6 +59,19 @@ def _is_read(func, args) -> bool:
     return False
 
 
+def _is_upload(func, args) -> bool:
+    """A tensor made from Python data (torch.tensor / as_tensor / new_tensor of a list or a number,
+    or indexing with a list): on a GPU, a host-to-device copy, which waits for the stream."""
+    name = getattr(func, "__name__", "")
+    if name in ("tensor", "as_tensor", "new_tensor"):
+        data = args[1] if name == "new_tensor" and len(args) > 1 else (args[0] if args else None)
+        return not isinstance(data, torch.Tensor)
+    if name in ("__getitem__", "__setitem__") and len(args) > 1:
+        index = args[1] if isinstance(args[1], tuple) else (args[1],)
+        return any(isinstance(i, list) for i in index)
+    return False
+
+
 class _Reads(TorchFunctionMode):
     def __init__(self, counter: "OverheadCounter"):
         super().__init__()
@@ -66,6 +80,8 @@ class _Reads(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if self.counter.inside == 0 and _is_read(func, args):
             self.counter.reads += 1
+        if self.counter.inside == 0 and _is_upload(func, args):
+            self.counter.uploads += 1
         return func(*args, **(kwargs or {}))
 
 
@@ -94,10 +110,11 @@ class OverheadCounter:
         self.ops = 0
         self.kernels = 0
         self.reads = 0
+        self.uploads = 0
         self.inside = 0  # > 0 while a watched forward runs
         self.forward_seconds = 0.0
         self._entered_at = 0.0
-        self.marks: list[tuple[int, int, float, int]] = []  # (ops, reads, host seconds, kernels) at each target forward start
+        self.marks: list[tuple[int, int, float, int, int]] = []  # (ops, reads, host s, kernels, uploads) at each target forward
         self._hooks = []
         self._modes = []
 
@@ -106,7 +123,7 @@ class OverheadCounter:
 
     def _pre(self, module, args, kwargs=None):
         if module is self.target and self.inside == 0:
-            self.marks.append((self.ops, self.reads, self._host_seconds(), self.kernels))
+            self.marks.append((self.ops, self.reads, self._host_seconds(), self.kernels, self.uploads))
         if self.inside == 0:
             self._entered_at = time.perf_counter()
         self.inside += 1
@@ -135,7 +152,8 @@ class OverheadCounter:
     def steps(self) -> list[StepCounts]:
         """One entry per span between consecutive verify forwards (the prefill's span excluded)."""
         marks = self.marks[1:]
-        return [StepCounts(b[0] - a[0], b[1] - a[1], 1000 * (b[2] - a[2]), b[3] - a[3]) for a, b in zip(marks, marks[1:])]
+        return [StepCounts(b[0] - a[0], b[1] - a[1], 1000 * (b[2] - a[2]), b[3] - a[3], b[4] - a[4])
+                for a, b in zip(marks, marks[1:])]
 
     def mean(self) -> StepCounts:
         steps = self.steps()
@@ -143,4 +161,5 @@ class OverheadCounter:
             raise ValueError("fewer than two verify forwards were seen: generate more tokens")
         n = len(steps)
         return StepCounts(sum(s.ops for s in steps) / n, sum(s.reads for s in steps) / n,
-                          sum(s.host_ms for s in steps) / n, sum(s.kernels for s in steps) / n)
+                          sum(s.host_ms for s in steps) / n, sum(s.kernels for s in steps) / n,
+                          sum(s.uploads for s in steps) / n)

@@ -65,7 +65,8 @@ def greedy_walk(tree: DraftTree, logits: torch.Tensor, pool_ids: torch.Tensor, d
     a = packed[0]
     nodes = packed[2:2 + a]
     return Acceptance(nodes, packed[2 + 2 * d:3 + 2 * d + a], pool_ids=packed[2 + d:2 + d + a],
-                      rows=[0] + [1 + i for i in nodes], tree_depth=packed[1])
+                      rows=[0] + [1 + i for i in nodes], tree_depth=packed[1], device_nodes=path[:a],
+                      device_tokens=emitted[:a + 1])
 
 
 def with_rows(acceptance: Acceptance, logits: torch.Tensor) -> Acceptance:
