@@ -36,9 +36,19 @@ def long_model(seed: int, positions: int = 1200, family: str = "llama"):
 
 def storages(tensors) -> dict[int, int]:
     """data pointer -> bytes of each distinct storage behind ``tensors``; an opaque tensor (a oneDNN
-    packed weight, opttree.hf.linears) has no storage to ask: it counts by its id and its elements."""
-    return {id(t) if t.is_mkldnn else t.untyped_storage().data_ptr():
-            t.numel() * t.element_size() if t.is_mkldnn else t.untyped_storage().nbytes() for t in tensors}
+    packed weight, opttree.hf.linears) has no storage to ask: it counts by its id and its elements.
+    Tensors with no data at all (FakeTensors a torch.compile elsewhere in this process left in its
+    caches) hold no memory and are left out."""
+    out = {}
+    for t in tensors:
+        if t.is_mkldnn:
+            out[id(t)] = t.numel() * t.element_size()
+            continue
+        try:
+            out[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        except RuntimeError:  # "Cannot access data pointer of Tensor (e.g. FakeTensor, FunctionalTensor)"
+            continue
+    return out
 
 
 def cache_storages(cache) -> dict[int, int]:
