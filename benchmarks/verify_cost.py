@@ -41,16 +41,26 @@ PREFIX = 256
 
 
 def stream_ms(model, rounds: int = 7) -> tuple[float, int]:
-    """Median ms to read every distinct weight of ``model`` once, and their bytes."""
+    """Median ms to read every distinct weight of ``model`` once (on CUDA: timed with CUDA events),
+    and their bytes."""
     params = list({p.data_ptr(): p for p in model.parameters()}.values())
     size = sum(p.numel() * p.element_size() for p in params)
+    cuda = params[0].is_cuda
     times = []
     with torch.inference_mode():
         for _ in range(rounds):
+            if cuda:
+                begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                begin.record()
             start = time.perf_counter()
             for p in params:
                 p.sum()
-            times.append(time.perf_counter() - start)
+            if cuda:
+                end.record()
+                torch.cuda.synchronize()
+                times.append(begin.elapsed_time(end) / 1e3)
+            else:
+                times.append(time.perf_counter() - start)
     return 1e3 * statistics.median(times), size
 
 
@@ -180,23 +190,6 @@ def cuda_ms(model, rows: list[int], repeats: int, mode: str | None) -> tuple[lis
     return first, after
 
 
-def cuda_stream_ms(model, rounds: int = 7) -> tuple[float, int]:
-    """stream_ms on CUDA: each weight's sum, timed with CUDA events."""
-    params = list({p.data_ptr(): p for p in model.parameters()}.values())
-    size = sum(p.numel() * p.element_size() for p in params)
-    times = []
-    with torch.inference_mode():
-        for _ in range(rounds):
-            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            begin.record()
-            for p in params:
-                p.sum()
-            end.record()
-            torch.cuda.synchronize()
-            times.append(begin.elapsed_time(end))
-    return statistics.median(times), size
-
-
 def cuda_main(args, rows: list[int]) -> None:
     """The table on CUDA: eager and (with --compile) reduce-overhead, per model."""
     models = {"SmolLM2-135M shapes": "smollm2"} if args.random_weights else {"SmolLM2-135M": "real"}
@@ -206,7 +199,7 @@ def cuda_main(args, rows: list[int]) -> None:
           f"median of {args.repeats} (CUDA events)")
     for title, kind in models.items():
         model = (llama_1b() if kind == "1b" else load(args)).to("cuda", getattr(torch, args.dtype))
-        stream, size = cuda_stream_ms(model)
+        stream, size = stream_ms(model)
         table = {"eager": cuda_ms(model, rows, args.repeats, None)[1]}
         first = None
         if args.compile:
