@@ -86,6 +86,14 @@ def target_forward(target, inputs, cache, want_hidden: bool, extra: dict | None 
     return out.logits.float(), out.hidden_states if want_hidden else None
 
 
+def kept_rows(acceptance: Acceptance) -> torch.Tensor | list[int]:
+    """The verify forward's rows of the root and the accepted nodes: [accepted + 1] long, on the device
+    where the walk left the path (indexing with a host list copies it there first)."""
+    if acceptance.device_nodes is None:
+        return [0] + [1 + i for i in acceptance.nodes]
+    return torch.nn.functional.pad(acceptance.device_nodes + 1, (1, 0))
+
+
 def row_hidden(hidden_states: tuple, b: int) -> list[torch.Tensor]:
     """Row b of every hidden state: each [1, q, H]."""
     return [h[b:b + 1] for h in hidden_states]
@@ -265,7 +273,7 @@ def speculative_decode(target, drafter: Drafter | DrafterRows, input_ids: torch.
             drafters.commit([a.pool_ids if a.pool_ids is not None else built.pool_ids[a.nodes].tolist()
                              for a, built in zip(acceptances, builts)])
         if wants_hidden:  # the features of each row's root and accepted nodes
-            drafters.add_features([drafters.features_from(b, row_hidden(hidden, b))[[0] + [1 + i for i in a.nodes]]
+            drafters.add_features([drafters.features_from(b, row_hidden(hidden, b))[kept_rows(a)]
                                    for b, a in enumerate(acceptances)])
 
         # 5. commit each row's tokens, up to the first one after which a stopping criterion fires
