@@ -19,7 +19,7 @@ the last verify are not steps. Both modes are thread-local and removed on exit.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -78,10 +78,9 @@ class _Reads(TorchFunctionMode):
         self.counter = counter
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if self.counter.inside == 0 and _is_read(func, args):
-            self.counter.reads += 1
-        if self.counter.inside == 0 and _is_upload(func, args):
-            self.counter.uploads += 1
+        if self.counter.inside == 0:
+            self.counter.reads += _is_read(func, args)
+            self.counter.uploads += _is_upload(func, args)
         return func(*args, **(kwargs or {}))
 
 
@@ -114,7 +113,7 @@ class OverheadCounter:
         self.inside = 0  # > 0 while a watched forward runs
         self.forward_seconds = 0.0
         self._entered_at = 0.0
-        self.marks: list[tuple[int, int, float, int, int]] = []  # (ops, reads, host s, kernels, uploads) at each target forward
+        self.marks: list[tuple[int, int, float, int, int]] = []  # StepCounts' fields, running, at each target forward
         self._hooks = []
         self._modes = []
 
@@ -123,7 +122,7 @@ class OverheadCounter:
 
     def _pre(self, module, args, kwargs=None):
         if module is self.target and self.inside == 0:
-            self.marks.append((self.ops, self.reads, self._host_seconds(), self.kernels, self.uploads))
+            self.marks.append((self.ops, self.reads, 1000 * self._host_seconds(), self.kernels, self.uploads))
         if self.inside == 0:
             self._entered_at = time.perf_counter()
         self.inside += 1
@@ -152,14 +151,11 @@ class OverheadCounter:
     def steps(self) -> list[StepCounts]:
         """One entry per span between consecutive verify forwards (the prefill's span excluded)."""
         marks = self.marks[1:]
-        return [StepCounts(b[0] - a[0], b[1] - a[1], 1000 * (b[2] - a[2]), b[3] - a[3], b[4] - a[4])
-                for a, b in zip(marks, marks[1:])]
+        return [StepCounts(*(y - x for x, y in zip(a, b))) for a, b in zip(marks, marks[1:])]
 
     def mean(self) -> StepCounts:
         steps = self.steps()
         if not steps:
             raise ValueError("fewer than two verify forwards were seen: generate more tokens")
         n = len(steps)
-        return StepCounts(sum(s.ops for s in steps) / n, sum(s.reads for s in steps) / n,
-                          sum(s.host_ms for s in steps) / n, sum(s.kernels for s in steps) / n,
-                          sum(s.uploads for s in steps) / n)
+        return StepCounts(*(sum(column) / n for column in zip(*map(astuple, steps))))
