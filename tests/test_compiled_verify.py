@@ -127,10 +127,9 @@ def decode_with(target, forward: VerifyForward) -> torch.Tensor:
         entry.VerifyForward.of = real
 
 
-@pytest.mark.parametrize("kw", [{}, {"disable_compile": True, "compile_config": "forced"}, {"dynamic": True}])
-def test_where_generate_would_not_compile_nothing_is_compiled(kw, monkeypatch):
-    """A CPU by default; disable_compile=True; a dynamic cache (no cache_implementation)."""
-    target = sharp("llama")
+@pytest.fixture
+def compiles_seen(monkeypatch) -> list[bool]:
+    """Whether each generate() call's verification forward compiles, in call order."""
     seen = []
     real = VerifyForward.of.__func__
 
@@ -140,6 +139,14 @@ def test_where_generate_would_not_compile_nothing_is_compiled(kw, monkeypatch):
         return forward
 
     monkeypatch.setattr(VerifyForward, "of", classmethod(spy))
+    return seen
+
+
+@pytest.mark.parametrize("kw", [{}, {"disable_compile": True, "compile_config": "forced"}, {"dynamic": True}])
+def test_where_generate_would_not_compile_nothing_is_compiled(kw, compiles_seen):
+    """A CPU by default; disable_compile=True; a dynamic cache (no cache_implementation)."""
+    target = sharp("llama")
+    seen = compiles_seen
     args = dict(max_new_tokens=6, do_sample=False, custom_generate=speculative_generate, draft_model=target, nodes=3)
     if kw.get("compile_config") == "forced":
         args.update(compile_config=forced(Recorder()), disable_compile=True, cache_implementation="static")
@@ -154,24 +161,12 @@ def test_where_generate_would_not_compile_nothing_is_compiled(kw, monkeypatch):
 
 
 @pytest.mark.gpu
-def test_on_cuda_a_static_cache_compiles_the_verification_as_generate_compiles_plain():
+def test_on_cuda_a_static_cache_compiles_the_verification_as_generate_compiles_plain(compiles_seen):
     """generate()'s own default on a GPU: a static cache compiles decoding (mode "reduce-overhead":
     CUDA graphs); opttree's verification forwards go through the same callable, one graph per size."""
     target = sharp("llama").cuda()
     prompt = PROMPT.cuda()
     plain = target.generate(prompt, max_new_tokens=16, do_sample=False)
-    seen = []
-    real = VerifyForward.of.__func__
-
-    def spy(cls, *args):
-        forward = real(cls, *args)
-        seen.append(forward.compiles)
-        return forward
-
-    VerifyForward.of = classmethod(spy)
-    try:
-        out = target.generate(prompt, max_new_tokens=16, do_sample=False, cache_implementation="static",
-                              custom_generate=speculative_generate, draft_model=target, nodes=5, threshold=0.0)
-    finally:
-        VerifyForward.of = classmethod(real)
-    assert seen == [True] and torch.equal(out, plain)
+    out = target.generate(prompt, max_new_tokens=16, do_sample=False, cache_implementation="static",
+                          custom_generate=speculative_generate, draft_model=target, nodes=5, threshold=0.0)
+    assert compiles_seen == [True] and torch.equal(out, plain)
