@@ -88,10 +88,10 @@ def target_forward(target, inputs, cache, want_hidden: bool, extra: dict | None 
 
 def kept_rows(acceptance: Acceptance) -> torch.Tensor | list[int]:
     """The verify forward's rows of the root and the accepted nodes: [accepted + 1] long, on the device
-    where the walk left the path (indexing with a host list copies it there first)."""
-    if acceptance.device_nodes is None:
+    where the walk left them (indexing with a host list copies it there first)."""
+    if acceptance.device_rows is None:
         return [0] + [1 + i for i in acceptance.nodes]
-    return torch.nn.functional.pad(acceptance.device_nodes + 1, (1, 0))
+    return acceptance.device_rows
 
 
 def row_hidden(hidden_states: tuple, b: int) -> list[torch.Tensor]:

@@ -101,9 +101,9 @@ class Slots:
         nodes, dummy rows) is dropped."""
         past = self.length
         if self.valid is None:
-            nodes, on_device = acceptances[0].nodes, acceptances[0].device_nodes
+            nodes, on_device = acceptances[0].nodes, acceptances[0].device_rows
             kv_cache.keep_slots(cache, past + 1, [past + 1 + i for i in nodes],
-                                None if on_device is None else on_device + (past + 1))
+                                None if on_device is None else on_device[1:] + past)
             self.length = past + 1 + len(nodes)
             return
         width = 1 + max(a.accepted for a in acceptances)  # shorter rows are padded with holes

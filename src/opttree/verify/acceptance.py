@@ -29,7 +29,7 @@ class Acceptance:
     tree_depth: int | None = None  # the walked tree's depth, when the walk read it too
     # greedy_walk: the path on the logits' device too, so that moving its cache slots and appending its
     # tokens copies nothing from the host (on a GPU such a copy waits for the stream)
-    device_nodes: torch.Tensor | None = None  # [accepted] long, = nodes
+    device_rows: torch.Tensor | None = None  # [accepted + 1] long, = rows: 0, then 1 + each accepted node
     device_tokens: torch.Tensor | None = None  # [accepted + 1] long, = tokens
 
     @property

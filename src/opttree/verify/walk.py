@@ -59,13 +59,14 @@ def greedy_walk(tree: DraftTree, logits: torch.Tensor, pool_ids: torch.Tensor, d
     d = min(depth or n, n)
     order = torch.sort(torch.where(on_path, torch.arange(n, device=logits.device), n)).values[:d]  # [d]
     path = order.clamp(max=n - 1)  # [d]: the accepted nodes first, then filler
-    emitted = choice[torch.cat([path.new_zeros(1), path + 1])]  # [d + 1]
+    rows = torch.cat([path.new_zeros(1), path + 1])  # [d + 1] the root's row, then each path node's
+    emitted = choice[rows]  # [d + 1]
     counts = torch.stack([on_path.sum(), tree.depths().max()])  # [2] accepted, the tree's depth
     packed = torch.cat([counts, path, pool_ids.to(path.device)[path], emitted]).tolist()
     a = packed[0]
     nodes = packed[2:2 + a]
     return Acceptance(nodes, packed[2 + 2 * d:3 + 2 * d + a], pool_ids=packed[2 + d:2 + d + a],
-                      rows=[0] + [1 + i for i in nodes], tree_depth=packed[1], device_nodes=path[:a],
+                      rows=[0] + [1 + i for i in nodes], tree_depth=packed[1], device_rows=rows[:a + 1],
                       device_tokens=emitted[:a + 1])
 
 
