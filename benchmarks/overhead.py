@@ -3,8 +3,11 @@
 A tiny peaked Llama pair (random weights, output rows scaled so that the draft's q is sharp and
 trees grow deep, as a good draft's would) decodes with each drafter, greedy and sampled, for
 every node budget × max_depth; :class:`opttree.tools.overhead.OverheadCounter` counts the span between
-consecutive verify forwards. Ops and reads are deterministic (pinned in tests/test_overhead.py);
-host ms depends on the machine and its load.
+consecutive verify forwards. Ops and reads are deterministic (pinned in tests/test_overhead.py):
+they are counted with torch's own linears (``OPTTREE_LINEAR=stock``), because ``auto`` picks each
+shape's CPU kernel by timing it, and the kernels differ in ops (a feature head's output rows are a
+direct ``linears.linear`` call, outside any module's forward); host ms depends on the machine and
+its load, and is timed with the kernels as users get them.
 
     .venv/bin/python benchmarks/overhead.py                  # the whole grid
     .venv/bin/python benchmarks/overhead.py --nodes 60 --depths 10 --drafters model
@@ -15,8 +18,10 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
 import statistics
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -48,15 +53,30 @@ def make_draft(kind: str, target, draft):
     raise KeyError(kind)
 
 
+@contextmanager
+def stock_linears():
+    """OPTTREE_LINEAR=stock inside the block (what a GPU runs: the CPU kernels are CPU-only), as it was after."""
+    saved = os.environ.get("OPTTREE_LINEAR")
+    os.environ["OPTTREE_LINEAR"] = "stock"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("OPTTREE_LINEAR", None)
+        else:
+            os.environ["OPTTREE_LINEAR"] = saved
+
+
 def measure(kind: str, nodes: int, depth: int, sample: bool, new_tokens: int = 120, seed: int = 0) -> tuple[StepCounts, float]:
     """(mean counts per step, mean tree depth) for one set-up; host ms from a second, uncounted run."""
     target, draft = tiny_pair(seed)
     draft_model, modules = make_draft(kind, target, draft)
     gen = SpeculativeGenerator(target, draft_model, nodes=nodes, threshold=0.5, max_depth=depth)
     kwargs = dict(do_sample=True, top_k=0, generator=torch.Generator().manual_seed(seed)) if sample else {}
-    gen.generate(PROMPT, max_new_tokens=8, **kwargs)  # warm-up: lazy inits are not steps
-    with OverheadCounter(target, *modules) as counter:
-        gen.generate(PROMPT, max_new_tokens=new_tokens, **kwargs)
+    with stock_linears():
+        gen.generate(PROMPT, max_new_tokens=8, **kwargs)  # warm-up: lazy inits are not steps
+        with OverheadCounter(target, *modules) as counter:
+            gen.generate(PROMPT, max_new_tokens=new_tokens, **kwargs)
     steps = gen.last_stats.steps
     if sample:
         kwargs["generator"] = torch.Generator().manual_seed(seed)

@@ -48,7 +48,7 @@ def test_feature_head_step(counts):
     # measured 300: its q stays over its kept tokens (no [k, vocab] scatter), frontiers slices of one arange,
     # its predicted features grown by doubling
     assert step.kernels <= 310
-    assert step.ops <= 505  # measured 489
+    assert step.ops <= 505  # measured 493 (torch 2.13, transformers 5.18 and 5.24, stock linears)
 
 
 @pytest.mark.parametrize("kind, kernels, reads, uploads", [("model", 310, 30, 16), ("head", 320, 20, 5)])
