@@ -1,4 +1,4 @@
-"""Which linear kernel pays on this machine (``opttree.hf.linears``)?
+"""Which linear kernel pays on this machine (``opttree.kernels.linears``)?
 
 Two views, both printed as markdown tables with the machine's name:
 
@@ -29,7 +29,7 @@ from collections import Counter
 import torch
 
 from opttree.budget import calibration
-from opttree.hf import linears
+from opttree.kernels import linears
 from opttree.loading.machine import bf16_flags, cpu_model
 
 MODES = ("stock", "weight_major", "onednn", "onednn_pad", "auto")

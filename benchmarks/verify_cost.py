@@ -9,7 +9,7 @@ behind the stream T(n) stays flat. This prints, from ONE run (so the same load):
 * T(rows) for each verification size (:data:`opttree.tree.sizes.VERIFY_SIZES` up to ``--max-rows``),
   the sizes taking turns within each round, eager:
   - ``stock``: torch's own linears (plain decoding as users run it);
-  - ``kernels``: opttree's linears (``opttree.hf.linears``, ``auto``: each shape's fastest kernel);
+  - ``kernels``: opttree's linears (``opttree.kernels.linears``, ``auto``: each shape's fastest kernel);
   - ``kernels' linears alone``: those linears on random rows, back to back, without the rest of the
     forward (what is above it is the framework: norms, attention, rotary, the cache, Python);
 * with ``--compile``: the same forwards over a StaticCache through ``torch.compile`` (static shapes,
@@ -67,7 +67,7 @@ def stream_ms(model, rounds: int = 7) -> tuple[float, int]:
 def eager_ms(model, rows: list[int], repeats: int, kernels: bool) -> list[float]:
     """Median ms of a verification forward of each size in ``rows`` (the sizes take turns)."""
     from opttree.budget import calibration
-    from opttree.hf import linears
+    from opttree.kernels import linears
 
     nodes = [r - 1 for r in rows]
     os.environ["OPTTREE_LINEAR"] = "auto" if kernels else "stock"
@@ -81,7 +81,7 @@ def eager_ms(model, rows: list[int], repeats: int, kernels: bool) -> list[float]
 def linears_ms(model, rows: list[int], repeats: int) -> list[float]:
     """Median ms of every linear of ``model`` on random [rows, in] inputs, back to back in module
     order, through opttree's kernels (after eager_ms let them choose): the forward's linear part."""
-    from opttree.hf import linears
+    from opttree.kernels import linears
 
     layers = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
     out = []

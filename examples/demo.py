@@ -31,7 +31,7 @@ from opttree.loading.draft_dtype import choose_dtype as faster_dtype
 from opttree.loading.draft_dtype import cuda_dtype
 from opttree.loading.dtype_probe import time_rounds
 from opttree.hf.compat import with_cache
-from opttree.hf.linears import fast_linears, helps
+from opttree.kernels.linears import fast_linears, helps
 from opttree.smollm2 import load_smollm2
 from opttree.tools.ties import check_greedy
 

@@ -229,7 +229,7 @@ def test_an_engineered_float32_near_tie_is_a_tie_and_a_real_mismatch_still_fails
 
 def test_hf_methods_under_the_cpu_kernels(pair):
     from opttree.bench import make_methods
-    from opttree.hf import linears
+    from opttree.kernels import linears
 
     target, draft = pair
     seen = []

@@ -98,17 +98,18 @@ def test_the_checker_finds_a_cycle_hidden_in_a_function(tmp_path):
 # then the loop and the loading of draft folders, the drafters, the budget and the verifiers, with the
 # tree and hf at the ground. Training (distill) imports the runtime, never the reverse.
 MAY_IMPORT = {
-    "integration": {"loop", "loading", "budget", "drafters", "verify", "tree", "hf"},
-    "loop": {"drafters", "verify", "tree", "hf"},
-    "loading": {"drafters", "budget", "tree", "hf"},
-    "budget": {"drafters", "tree", "hf"},
-    "drafters": {"tree", "hf"},
+    "integration": {"loop", "loading", "budget", "drafters", "verify", "tree", "hf", "kernels"},
+    "loop": {"drafters", "verify", "tree", "hf", "kernels"},
+    "loading": {"drafters", "budget", "tree", "hf", "kernels"},
+    "budget": {"drafters", "tree", "hf", "kernels"},
+    "drafters": {"tree", "hf", "kernels"},
     "verify": {"tree"},
     "tools": {"loop", "tree"},
     "tree": set(),
     "hf": set(),
+    "kernels": set(),
 }
-RUNTIME = ("integration", "loop", "loading", "drafters", "budget", "verify", "tree", "hf")
+RUNTIME = ("integration", "loop", "loading", "drafters", "budget", "verify", "tree", "hf", "kernels")
 
 
 FOLDERS = set(MAY_IMPORT) | {"distill", "bench"}

@@ -1,4 +1,4 @@
-"""The linears' kernels (opttree.hf.linears) give F.linear's results, take the kernel chosen for their
+"""The linears' kernels (opttree.kernels.linears) give F.linear's results, take the kernel chosen for their
 shape (in "auto" mode: the fastest of the candidates timed inside the forwards, per thread count), and
 only for the linears of the thread that opened a block: torch.nn.functional.linear itself is never
 replaced, other threads keep the stock path, someone else's patch of it survives, and models no kernel
@@ -11,8 +11,8 @@ import time
 import pytest
 import torch
 
-from opttree.hf import linears
-from opttree.hf.linears import MAX_ROWS, TRIALS, fast_linear, fast_linears
+from opttree.kernels import linears
+from opttree.kernels.linears import MAX_ROWS, TRIALS, fast_linear, fast_linears
 
 ORIGINAL = torch.nn.functional.linear
 REAL_KERNELS = dict(linears._KERNEL)
@@ -21,9 +21,9 @@ REAL_KERNELS = dict(linears._KERNEL)
 @pytest.fixture(autouse=True)
 def default_kernel(monkeypatch):
     monkeypatch.delenv("OPTTREE_LINEAR", raising=False)  # the default, whatever the caller's shell says
-    monkeypatch.delenv("OPTTREE_WEIGHT_MAJOR", raising=False)
     monkeypatch.setattr(linears, "_chosen", {})  # no choices carried in from other tests
     monkeypatch.setattr(linears, "_trials", {})
+    monkeypatch.setattr(linears, "_dropped", {})
     monkeypatch.setattr(linears, "_KERNEL", dict(REAL_KERNELS))
 
 
@@ -40,7 +40,7 @@ def count_calls(monkeypatch, kernel: str) -> list[tuple[str, tuple]]:
     return calls
 
 
-ALL = [(k, d) for d in (torch.float32, torch.bfloat16) for k in linears.candidates(d, rows=1)]
+ALL = [(k, d) for d in (torch.float32, torch.bfloat16) for k in linears.candidates(d, rows=1)]  # what runs here
 
 
 @pytest.mark.parametrize("kernel, dtype", ALL, ids=lambda v: str(v).removeprefix("torch."))
@@ -305,7 +305,7 @@ def test_a_gpt2_decode_takes_only_its_lm_head_through_the_kernels(monkeypatch):
 def test_auto_times_every_candidate_then_keeps_the_fastest(fast, monkeypatch):
     names = linears.candidates(torch.float32, 3)
     if fast not in names:
-        pytest.skip(f"{fast} does not run on this torch build")
+        pytest.skip(f"{fast} does not run here: no oneDNN in this torch build (torch.backends.mkldnn)")
     calls = {name: 0 for name in names}
 
     def kernel(name):
@@ -335,21 +335,65 @@ def test_auto_times_every_candidate_then_keeps_the_fastest(fast, monkeypatch):
         assert (torch.float32, threads, 2, 24, 16) not in linears.decisions()
 
 
-def test_a_kernel_that_fails_here_is_dropped_for_its_shape(monkeypatch):
+def test_a_kernel_that_fails_here_is_dropped_for_its_shape_and_the_others_still_compete(monkeypatch):
+    """A kernel offered but failing at its first product (a CPU feature the capability check missed)
+    is dropped for that shape; the remaining candidates are still timed and the fastest kept."""
+    broken_calls = []
+
     def broken(*args):
+        broken_calls.append(1)
         raise RuntimeError("no such kernel on this CPU")
 
-    monkeypatch.setitem(linears._KERNEL, "weight_major", broken)
-    monkeypatch.setenv("OPTTREE_LINEAR", "auto")
+    def slow_stock(*args):
+        time.sleep(0.003)  # far above any product's own time: stock must not win by default
+        return REAL_KERNELS["stock"](*args)
+
+    monkeypatch.setattr(linears, "candidates", lambda dtype, rows=4: ("stock", "weight_major", "onednn"))
+    monkeypatch.setitem(linears._KERNEL, "stock", slow_stock)
+    monkeypatch.setitem(linears._KERNEL, "onednn", broken)
     x, w = torch.randn(3, 16), torch.randn(24, 16)
-    outs = [fast_linear(x, w) for _ in range(6)]  # stock first, then the broken one is tried
-    assert all(torch.allclose(o, ORIGINAL(x, w), atol=1e-5) for o in outs)
-    assert linears.decisions() == {(torch.float32, torch.get_num_threads(), 3, 24, 16): "stock"}
+    outs = [fast_linear(x, w) for _ in range(2 * TRIALS + 3)]
+    assert all(torch.allclose(o, ORIGINAL(x, w), atol=1e-5) for o in outs)  # the failed product fell back
+    key = (torch.float32, torch.get_num_threads(), 3, 24, 16)
+    assert len(broken_calls) == 1  # tried once, never again for this shape
+    assert linears.dropped() == {key: {"onednn"}}
+    assert linears.decisions() == {key: "weight_major"}  # not stock: the others still competed
+    for _ in range(2 * TRIALS + 3):
+        fast_linear(torch.randn(2, 16), w)  # another shape: the kernel is tried there too, once
+    assert len(broken_calls) == 2 and linears.dropped()[(*key[:2], 2, 24, 16)] == {"onednn"}
+
+
+def test_a_cpu_without_onednns_bfloat16_gets_no_such_candidate_and_decodes_as_plain(monkeypatch):
+    """An AVX2-only CPU, faked: oneDNN runs float32 but not bfloat16 there. The bfloat16 candidates
+    shrink to stock, no oneDNN kernel is called in bfloat16, and a bfloat16 decode through the
+    kernels still equals plain (near-ties of plain's own scores aside, opttree.tools.ties)."""
+    from models import tiny_model
+    from opttree import speculative_generate
+    from opttree.kernels.cpu import CpuSupport
+    from opttree.tools.ties import check_greedy
+
+    here = linears.candidates(torch.bfloat16, 1)
+    monkeypatch.setattr(linears, "cpu_support", lambda: CpuSupport(onednn=True, onednn_bf16=False, aten_isa="AVX2"))
+    assert linears.candidates(torch.bfloat16, 1) == ("stock",)
+    assert linears.candidates(torch.bfloat16, 8) == ("stock",)
+    assert linears.candidates(torch.float32, 1) == ("stock", "weight_major", "onednn", "onednn_pad")
+    assert set(linears.candidates(torch.bfloat16, 1)) <= set(here)  # a subset of what this CPU offers
+    calls = count_calls(monkeypatch, "onednn") + count_calls(monkeypatch, "onednn_pad")
+    target, draft = (tiny_model("llama", seed=s, dtype=torch.bfloat16) for s in (0, 1))
+    prompt = torch.tensor([[1, 5, 9, 2]])
+    out = target.generate(prompt, custom_generate=speculative_generate, draft_model=draft, nodes=4,
+                          max_new_tokens=8, do_sample=False)
+    verdict = check_greedy(target, prompt, out[0, prompt.shape[1]:].tolist(), max_new_tokens=8)
+    assert verdict.ok, verdict.describe()
+    assert calls == []  # no oneDNN product in bfloat16
+    assert linears.decisions() and set(linears.decisions().values()) == {"stock"}
+    monkeypatch.setattr(linears, "cpu_support", lambda: CpuSupport(onednn=True, onednn_bf16=True, aten_isa="AVX512"))
+    assert "onednn" in linears.candidates(torch.bfloat16, 1)  # control: the fake decides the candidates
 
 
 def test_the_packed_weight_is_made_once_and_again_after_an_in_place_change():
-    if not linears.onednn_available():
-        pytest.skip("no oneDNN in this torch build")
+    if not linears.cpu_support().onednn:
+        pytest.skip("no oneDNN in this torch build (torch.backends.mkldnn)")
     w, x = torch.randn(24, 16), torch.randn(3, 16)
     first = linears.packed_weight(w)
     assert linears.packed_weight(w) is first  # kept
@@ -415,21 +459,16 @@ def test_a_fixed_kernel_skips_the_trials(monkeypatch):
     assert linears.decisions() == {} and linears._trials == {} and len(calls) == 3
 
 
-@pytest.mark.parametrize("linear, weight_major, mode", [
-    (None, None, "auto"), ("onednn", None, "onednn"), (" Stock ", None, "stock"), ("auto", "on", "auto"),
-    (None, "on", "weight_major"), (None, "1", "weight_major"), (None, "off", "stock"), (None, "false", "stock"),
-    (None, "auto", "auto"),
-])
-def test_the_environment_names_the_kernel_and_the_old_variable_still_answers(linear, weight_major, mode, monkeypatch):
-    for name, value in (("OPTTREE_LINEAR", linear), ("OPTTREE_WEIGHT_MAJOR", weight_major)):
-        if value is not None:
-            monkeypatch.setenv(name, value)
+@pytest.mark.parametrize("linear, mode", [(None, "auto"), ("onednn", "onednn"), (" Stock ", "stock"), ("auto", "auto")])
+def test_the_environment_names_the_kernel(linear, mode, monkeypatch):
+    if linear is not None:
+        monkeypatch.setenv("OPTTREE_LINEAR", linear)
     assert linears.mode() == mode
 
 
-@pytest.mark.parametrize("name, value", [("OPTTREE_LINEAR", "fastest"), ("OPTTREE_WEIGHT_MAJOR", "maybe")])
-def test_a_bad_setting_says_which_values_work(name, value, monkeypatch):
-    monkeypatch.setenv(name, value)
+@pytest.mark.parametrize("value", ["fastest", "on"])
+def test_a_bad_setting_says_which_values_work(value, monkeypatch):
+    monkeypatch.setenv("OPTTREE_LINEAR", value)
     with pytest.raises(ValueError, match="auto or one of stock, weight_major, onednn, onednn_pad"), fast_linears():
         pass
     assert not linears.active()

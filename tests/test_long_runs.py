@@ -36,7 +36,7 @@ def long_model(seed: int, positions: int = 1200, family: str = "llama"):
 
 def storages(tensors) -> dict[int, int]:
     """data pointer -> bytes of each distinct storage behind ``tensors``; an opaque tensor (a oneDNN
-    packed weight, opttree.hf.linears) has no storage to ask: it counts by its id and its elements.
+    packed weight, opttree.kernels.linears) has no storage to ask: it counts by its id and its elements.
     Tensors with no data at all (FakeTensors a torch.compile elsewhere in this process left in its
     caches) hold no memory and are left out."""
     out = {}

@@ -2,7 +2,7 @@
 
 * ``plain``: ``generate()`` itself, the reference every other method must reproduce exactly;
 * ``plain-fast`` (also ``assisted-fast``, ``lookup-fast``): the HF method inside
-  :func:`opttree.hf.linears.fast_linears`, the linears' kernels opttree's loop runs under (plain at its
+  :func:`opttree.kernels.linears.fast_linears`, the linears' kernels opttree's loop runs under (plain at its
   fastest here): it shows how much of opttree's speed-up those kernels alone give;
 * ``assisted``: HF assisted generation with the same draft (``assistant_model=``), a chain draft;
 * ``lookup``: HF prompt lookup decoding (``prompt_lookup_num_tokens=``), no draft model;
@@ -23,7 +23,7 @@ import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
 from ..drafters.make import is_draft_model
-from ..hf.linears import fast_linears
+from ..kernels.linears import fast_linears
 from ..integration.defaults import TREE_ARGS, given_settings, resolve
 from ..integration.entry import speculative_generate
 from ..loop.stats import GenerationStats
@@ -96,13 +96,13 @@ def plain_method(target) -> Method:
 
 
 def with_kernel(method: Method, *models) -> Method:
-    """``method`` run inside :func:`~opttree.hf.linears.fast_linears` (off unless one of ``models``
+    """``method`` run inside :func:`~opttree.kernels.linears.fast_linears` (off unless one of ``models``
     is a float32/bfloat16 CPU model, as in opttree's loop), named ``<name>-fast``."""
     def generate(input_ids, max_new_tokens):
         with fast_linears(*models):
             return method.generate(input_ids, max_new_tokens)
 
-    return Method(f"{method.name}{FAST}", generate, {**method.settings, "linear": "opttree.hf.linears"},
+    return Method(f"{method.name}{FAST}", generate, {**method.settings, "linear": "opttree.kernels.linears"},
                   method.uses_draft)
 
 

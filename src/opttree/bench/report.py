@@ -57,7 +57,8 @@ def environment(target, draft, *, seed: int = 0) -> dict:
     import transformers
 
     from .. import __version__
-    from ..hf import linears
+    from ..kernels import linears
+    from ..kernels.cpu import cpu_support
 
     env = {
         "date_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
@@ -72,6 +73,7 @@ def environment(target, draft, *, seed: int = 0) -> dict:
         "torch_interop_threads": torch.get_num_interop_threads(),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "linear": linears.mode(),  # OPTTREE_LINEAR: the few-row linears' kernel (auto: chosen per shape)
+        "cpu_kernels": cpu_support().describe(),  # what this CPU and torch build run (caps included)
         "seed": seed,
         "target": _model_info(target),
         "draft": _model_info(draft),

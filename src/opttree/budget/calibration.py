@@ -30,7 +30,7 @@ from typing import Callable
 import torch
 
 from ..drafters.base import Drafter
-from ..hf import linears
+from ..kernels import linears
 from ..hf.compat import with_cache
 from ..tree.config import TreeConfig
 from ..tree.draft_tree import DraftTree
@@ -113,7 +113,7 @@ def calibration_key(target, drafter, prefix: int = CALIBRATION_PREFIX) -> dict:
         "drafter": drafter_fingerprint(drafter),
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
-        "linear": linears.mode(),  # the few-row linears' kernel (hf.linears): auto or a fixed one
+        "linear": linears.mode(),  # the few-row linears' kernel (kernels.linears): auto or a fixed one
         "verify_sizes": list(VERIFY_SIZES),
         "draft_widths": list(DRAFT_WIDTHS),
         "prefix": prefix,

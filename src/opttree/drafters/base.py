@@ -106,7 +106,7 @@ class Drafter(ABC):
 
     def modules(self) -> list[torch.nn.Module]:
         """The torch modules whose forwards this drafter runs: decoding and calibration give their
-        few-row CPU linears the kernels the target's get (``hf.linears``). Default: none."""
+        few-row CPU linears the kernels the target's get (``kernels.linears``). Default: none."""
         return []
 
     def fresh(self) -> "Drafter":

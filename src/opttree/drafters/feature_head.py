@@ -30,7 +30,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from ..hf import linears
+from ..kernels import linears
 from ..tree.draft_probs import DraftProbs
 from ..tree.draft_tree import DraftTree
 from ..tree.masks import additive_mask

@@ -17,7 +17,7 @@ from ..drafters.make import check_pair, is_draft_model
 from ..hf import kv_cache
 from ..hf.compat import cache_from_generate, generate_locals, output_cache, streamer_kept_by_generate
 from ..hf.compiled import VerifyForward
-from ..hf.linears import fast_linears
+from ..kernels.linears import fast_linears
 from ..hf.validation import check_generation_mode, check_inputs, context_length
 from ..loading import prepare_draft
 from ..loop.generation import DecodeSettings, speculative_decode
@@ -93,7 +93,7 @@ def _decode(model, draft_model, given: dict, input_ids, logits_processor, stoppi
         new_policy=policy,
         verify_forward=verify,
     )
-    # few-row CPU linears' kernels (hf.linears); a compiled target's linears are the compiler's
+    # few-row CPU linears' kernels (kernels.linears); a compiled target's linears are the compiler's
     kernels = [m for m in [model, *drafter.modules()] if not (verify.compiles and m is model)]
     with torch.inference_mode(), fast_linears(*kernels, on=bool(kernels)):
         result = speculative_decode(model, drafters, input_ids, cache, settings, attention_mask=attention_mask,

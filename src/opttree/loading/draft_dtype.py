@@ -37,7 +37,7 @@ import torch
 
 from ..budget.calibration import cache_dir, cache_mode
 from ..budget.calibration_file import parse_seconds, read_keyed_file
-from ..hf import linears
+from ..kernels import linears
 from . import dtype_probe
 from .dtype_probe import cast_copy, model_dtype
 from .files import META_FILE, WEIGHTS_FILE

@@ -6,7 +6,7 @@ tokens: after a prefill of PROBE_PREFIX tokens, one *round* is, for each width w
 one decoding step's drafting: ``root_probs`` over one newly committed token, then ``expand`` of a
 frontier of w nodes (a head's layer and its output rows over the kept vocabulary; a draft model's
 forward over w tokens), then ``commit`` of none. The float32 copy runs under the few-row linear
-kernels (:func:`opttree.hf.linears.fast_linears`), as opttree's decoding loop runs it. The two
+kernels (:func:`opttree.kernels.linears.fast_linears`), as opttree's decoding loop runs it. The two
 dtypes take turns within each round, so a load that comes and goes on a shared machine slows both
 alike; after WARMUP_ROUNDS untimed rounds, the median of REPEATS timed ones (fewer, but
 MIN_REPEATS, once the probe has run MAX_SECONDS). On the project's 2-core CPU the whole probe of
@@ -29,7 +29,7 @@ import torch
 from ..drafters.base import Drafter
 from ..drafters.feature_head import FeatureHead, FeatureHeadDrafter
 from ..drafters.model import ModelDrafter
-from ..hf import linears
+from ..kernels import linears
 from ..tree.draft_tree import DraftTree
 from .turns import take_turns
 

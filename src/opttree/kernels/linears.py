@@ -4,29 +4,30 @@ A verification forward runs the target over a few rows (the root, a tree, dummy 
 :data:`opttree.tree.sizes.VERIFY_SIZES`), and a draft model's layers over a few more, so every
 linear gets an input ``x`` [rows, in] of 1 to 64 rows. Float32 and bfloat16 forwards of that shape
 stream the weights from memory once, and should cost about what one row costs; torch's stock GEMM
-does not (benchmarks/RESULTS.md, "Flat verification": on the 2-core AMD EPYC Zen 4, SmolLM2's 576 ×
-49,152 LM head took 11.3 / 24.6 / 19.7 ms for 1 / 2 / 16 rows). The kernels:
+often does not (benchmarks/RESULTS.md, "What a verification costs"). The kernels:
 
 - ``"stock"``: ``F.linear``, whatever GEMM the torch build picks;
 - ``"weight_major"`` (float32): ``(W @ x.T).T``, the weight as the GEMM's large operand, read once
   (one row padded to two);
 - ``"onednn"``: oneDNN's matmul on a copy of the weight reordered once into its blocked layout
   (``torch.ops.mkldnn._reorder_linear_weight`` / ``_linear_pointwise``, what Inductor emits for a
-  frozen linear); it serves any row count. The copy costs one more weight's memory (538 MB for
-  SmolLM2-135M in float32), made at the first product that tries it (70 ms for the LM head here) and
-  kept while the weight lives, and made again if the weight changes in place;
-- ``"onednn_pad"`` (fewer than PAD_ROWS rows): the same, the rows padded with zeros to PAD_ROWS (in
-  bfloat16 a 1-row product of the LM head took 5.2 ms, a 4-row one 4.3 ms, on the Zen 4).
+  frozen linear); it serves any row count. The copy costs one more weight's memory, made at the
+  first product that tries it and kept while the weight lives, and made again if the weight changes
+  in place;
+- ``"onednn_pad"`` (fewer than PAD_ROWS rows): the same, the rows padded with zeros to PAD_ROWS
+  (oneDNN's few-row matmul can cost more than PAD_ROWS rows').
 
-MKL's packed GEMM (``torch.ops.mkl._mkl_linear``) is no candidate: it needs a copy per row count and
-lost to oneDNN at every shape on the machines measured (``benchmarks/kernel.py --products``).
+Only the kernels this CPU and torch build can run are offered (:func:`candidates`, from
+:func:`opttree.kernels.cpu.cpu_support`: oneDNN's bfloat16 kernels need AVX-512 or AVX-NE-CONVERT).
+A kernel that fails anyway in a trial is dropped from that shape's candidates and the others still
+compete. MKL's packed GEMM (``torch.ops.mkl._mkl_linear``) is no candidate: it needs a copy per row
+count and lost to oneDNN at every shape measured (``benchmarks/kernel.py --products``).
 
 Which kernel: ``OPTTREE_LINEAR=auto`` (the default) times each candidate TRIALS times per (dtype,
 threads, rows, out, in) inside the real forwards, the candidates taking turns, and keeps the fastest
 median for the process (:func:`decisions`). Inside a forward the weights come from memory, as in
 decoding; a micro-benchmark with a hot weight favours other kernels. ``OPTTREE_LINEAR=stock``,
-``weight_major`` or ``onednn`` fixes the kernel (where it applies; else stock). The old
-``OPTTREE_WEIGHT_MAJOR`` still answers: ``off`` = stock, ``on`` = weight_major, ``auto`` = auto.
+``weight_major``, ``onednn`` or ``onednn_pad`` fixes the kernel where it applies (else stock).
 Results agree with ``F.linear`` to the dtype's rounding, as any two GEMM kernels do.
 
 Scope: nothing of torch is replaced. Inside ``with fast_linears(*models):`` the ``forward`` of each
@@ -54,6 +55,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils.weak import WeakTensorKeyDictionary
 
+from .cpu import cpu_support
+
 MAX_ROWS = 64  # products of more rows (prefills) take the stock path
 TRIALS = 3  # timed products of each candidate per key before "auto" picks one
 KERNELS = ("stock", "weight_major", "onednn", "onednn_pad")
@@ -79,11 +82,6 @@ def _weight_major(flat: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
 
 _packed = WeakTensorKeyDictionary()  # weight -> (its _version when packed, the packed copy)
 _packed_lock = threading.Lock()
-
-
-def onednn_available() -> bool:
-    """Whether this torch has oneDNN's packed linear (a CPU build with mkldnn)."""
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
 def packed_weight(weight: torch.Tensor) -> torch.Tensor:
@@ -123,8 +121,11 @@ _KERNEL: dict[str, Callable] = {"stock": _stock_kernel, "weight_major": _weight_
 
 
 def candidates(dtype: torch.dtype, rows: int = PAD_ROWS) -> tuple[str, ...]:
-    """The kernels that apply to a ``dtype`` CPU product of ``rows`` rows here."""
-    onednn = ("onednn",) + (("onednn_pad",) if rows < PAD_ROWS else ()) if onednn_available() else ()
+    """The kernels that apply to a ``dtype`` CPU product of ``rows`` rows and that this CPU and torch
+    build can run (:func:`~opttree.kernels.cpu.cpu_support`)."""
+    support = cpu_support()
+    runs = support.onednn_bf16 if dtype == torch.bfloat16 else support.onednn
+    onednn = (("onednn",) + (("onednn_pad",) if rows < PAD_ROWS else ())) if runs else ()
     if dtype == torch.float32:
         return ("stock", "weight_major") + onednn
     if dtype == torch.bfloat16:
@@ -136,28 +137,18 @@ def candidates(dtype: torch.dtype, rows: int = PAD_ROWS) -> tuple[str, ...]:
 # the choice
 
 
-_ALIASES = {"off": "stock", "on": "weight_major"}  # OPTTREE_WEIGHT_MAJOR's values
-
-
 def mode() -> str:
-    """``OPTTREE_LINEAR``: "auto" (the default: time the candidates per shape) or a kernel's name;
-    the old ``OPTTREE_WEIGHT_MAJOR=off|on|auto`` where OPTTREE_LINEAR is not set."""
-    value = os.environ.get("OPTTREE_LINEAR")
-    if value is None:
-        old = os.environ.get("OPTTREE_WEIGHT_MAJOR", "auto").strip().lower()
-        old = {"0": "off", "false": "off", "no": "off", "1": "on", "true": "on", "yes": "on"}.get(old, old)
-        if old not in ("auto", "on", "off"):
-            raise ValueError(f"OPTTREE_WEIGHT_MAJOR={old!r}: set OPTTREE_LINEAR to auto or one of {', '.join(KERNELS)}")
-        value = _ALIASES.get(old, old)
-    value = value.strip().lower()
+    """``OPTTREE_LINEAR``: "auto" (the default: time the candidates per shape) or a kernel's name."""
+    value = os.environ.get("OPTTREE_LINEAR", "auto").strip().lower()
     if value not in ("auto", *KERNELS):
         raise ValueError(f"OPTTREE_LINEAR={value!r}: set it to auto or one of {', '.join(KERNELS)}")
     return value
 
 
-_lock = threading.Lock()  # guards _chosen and _trials: decodes in several threads share them
+_lock = threading.Lock()  # guards _chosen, _trials and _dropped: decodes in several threads share them
 _chosen: dict[Key, str] = {}  # key -> the kernel auto keeps
 _trials: dict[Key, dict[str, list[float]]] = {}  # key -> seconds of each candidate's timed products
+_dropped: dict[Key, set[str]] = {}  # key -> candidates that raised in a trial (never tried again for it)
 
 
 def decisions() -> dict[Key, str]:
@@ -166,11 +157,18 @@ def decisions() -> dict[Key, str]:
         return dict(_chosen)
 
 
+def dropped() -> dict[Key, set[str]]:
+    """The candidates that failed in a trial, per key: ``{(dtype, threads, rows, out, in): {kernel}}``."""
+    with _lock:
+        return {key: set(names) for key, names in _dropped.items()}
+
+
 def forget_decisions() -> None:
     """Start the choice afresh (a benchmark that changes threads or kernels between runs)."""
     with _lock:
         _chosen.clear()
         _trials.clear()
+        _dropped.clear()
 
 
 def pick(times: dict[str, list[float]]) -> str:
@@ -178,24 +176,45 @@ def pick(times: dict[str, list[float]]) -> str:
     return min(times, key=lambda name: statistics.median(times[name]))
 
 
+def _still_in(key: Key, names: tuple[str, ...]) -> tuple[str, ...]:
+    """``names`` less those dropped for ``key`` (stock, the fallback, is never dropped). Under _lock."""
+    gone = _dropped.get(key, ())
+    return tuple(n for n in names if n not in gone)
+
+
 def _next_trial(key: Key, names: tuple[str, ...]) -> str:
-    """The candidate with the fewest timed products so far for ``key`` (candidates' order on ties)."""
+    """The candidate still in for ``key`` with the fewest timed products so far (candidates' order on ties)."""
     with _lock:
         times = _trials.get(key, {})
-        return min(names, key=lambda name: len(times.get(name, ())))
+        return min(_still_in(key, names), key=lambda name: len(times.get(name, ())))
+
+
+def _decide_if_done(key: Key, names: tuple[str, ...]) -> None:
+    """Once every candidate still in has TRIALS timed products, keep the fastest median. Under _lock."""
+    times = _trials.get(key, {})
+    left = _still_in(key, names)
+    if all(len(times.get(n, ())) >= TRIALS for n in left):
+        _chosen[key] = pick({n: times[n] for n in left}) if left else "stock"
+        _trials.pop(key, None)
 
 
 def _record(key: Key, names: tuple[str, ...], name: str, seconds: float) -> None:
-    """One timed product; after TRIALS of each candidate the fastest median is kept. A product
-    finished after another thread decided ``key`` is dropped."""
+    """One timed product; after TRIALS of each candidate still in, the fastest median is kept. A
+    product finished after another thread decided ``key`` is dropped."""
     with _lock:
         if key in _chosen:
             return
-        times = _trials.setdefault(key, {n: [] for n in names})
-        times[name].append(seconds)
-        if all(len(times[n]) >= TRIALS for n in names):
-            _chosen[key] = pick(times)
-            del _trials[key]
+        _trials.setdefault(key, {}).setdefault(name, []).append(seconds)
+        _decide_if_done(key, names)
+
+
+def _drop(key: Key, names: tuple[str, ...], name: str) -> None:
+    """``name`` raised for ``key``: out of its candidates; the others still compete."""
+    with _lock:
+        if key in _chosen:
+            return
+        _dropped.setdefault(key, set()).add(name)
+        _decide_if_done(key, names)
 
 
 def _trial(key: Key, names: tuple[str, ...], flat, weight, bias) -> torch.Tensor:
@@ -203,9 +222,10 @@ def _trial(key: Key, names: tuple[str, ...], flat, weight, bias) -> torch.Tensor
     start = time.perf_counter()
     try:
         out = _KERNEL[name](flat, weight, bias)
-    except (RuntimeError, NotImplementedError):  # a kernel this build or shape cannot run: never again here
-        with _lock:
-            _chosen.setdefault(key, "stock")
+    except (RuntimeError, NotImplementedError):  # a kernel this CPU, build or shape cannot run after all
+        if name == "stock":
+            raise  # what F.linear itself raises (mixed dtypes, wrong shapes): the caller's error
+        _drop(key, names, name)
         return _stock(flat, weight, bias)
     _record(key, names, name, time.perf_counter() - start)
     return out
@@ -348,5 +368,5 @@ def fast_linears(*models, on: bool = True):
 
 
 __all__ = ["DTYPES", "KERNELS", "MAX_ROWS", "TRIALS", "FastLinearMode", "active", "candidates", "decisions",
-           "fast_linear", "fast_linears", "forget_decisions", "helps", "linear", "mode", "onednn_available",
+           "dropped", "fast_linear", "fast_linears", "forget_decisions", "helps", "linear", "mode",
            "packed_weight", "pick", "swappable"]

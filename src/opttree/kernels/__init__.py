@@ -1,0 +1,8 @@
+"""opttree's own CPU kernels, and what this CPU can run.
+
+* :mod:`.cpu`: ``cpu_support()``, the kernels this CPU and torch build can run, asked of torch and oneDNN;
+* :mod:`.linears`: few-row float32/bfloat16 linears on the CPU through the kernel measured fastest per
+  shape, scoped to the call's models.
+
+A ground floor: imports nothing else of opttree; every runtime folder may import it.
+"""
