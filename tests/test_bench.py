@@ -362,3 +362,83 @@ def test_draft_dtype_auto_is_chosen_and_named_in_the_header(pair, tmp_path, monk
     assert code == 0
     assert json.loads((out / "header.json").read_text())["draft_dtype"] == "bfloat16 (auto)"
     assert "- draft_dtype: bfloat16 (auto)" in (out / "summary.md").read_text()
+
+
+@pytest.fixture
+def eager_backend(monkeypatch):
+    """The compiled methods with dynamo's "eager" backend: the same graphs traced and counted, no
+    Inductor code generated (seconds, not minutes, on a CPU)."""
+    from opttree.bench import methods as bench_methods
+
+    real = bench_methods.compiled_kwargs
+
+    def quick(target, max_cache_len):
+        kwargs = real(target, max_cache_len)
+        kwargs["compile_config"].backend = "eager"
+        kwargs["compile_config"].mode = None
+        return kwargs
+
+    monkeypatch.setattr(bench_methods, "compiled_kwargs", quick)
+
+
+def test_the_compiled_methods_compile_in_the_warm_up_only_and_equal_plain(pair, eager_backend):
+    """plain-compiled, assisted-compiled and opttree-compiled: a static cache of one size for every
+    prompt, compiled on the CPU too; every graph is made in the warm-up (reported with its seconds),
+    none while timed across prompts of different lengths, and the outputs equal plain's."""
+    torch._dynamo.reset()
+    target, draft = pair
+    result = run_bench(target, draft, CharTokenizer(), QUESTIONS, max_new_tokens=8, warmup=1, progress=False,
+                       methods=["plain", "plain-compiled", "assisted-compiled", "opttree-compiled"],
+                       tree={"nodes": 8, "threshold": 0.1, "max_depth": 4})
+    assert result.ok and {r.verdict for r in result.records if r.method != "plain"} == {"equal"}
+    assert len({r.prompt_tokens for r in result.records}) == 3  # three prompt lengths
+    warm = result.header["warmup"]
+    for name in ("plain-compiled", "assisted-compiled", "opttree-compiled"):
+        assert warm[name]["graphs_compiled"] >= 1, name  # it did compile
+        assert warm[name]["seconds"] > 0
+        assert sum(r.graphs_compiled for r in result.records if r.method == name) == 0, name  # and never again
+        settings = result.header["methods"][name]
+        assert settings["cache"] == "static" and settings["max_cache_len"] % 256 == 0
+    assert warm["plain"]["graphs_compiled"] == 0  # control: eager plain compiles nothing
+    text = result.markdown()
+    assert "`plain-compiled`: " in text and "graphs compiled), 0 graphs compiled while timed" in text
+
+
+def test_a_stand_in_target_spec_names_its_size():
+    assert bench_models.split_size("smollm2:7b") == ("smollm2", "7b")
+    assert bench_models.split_size("smollm2:1b") == ("smollm2", "1b")
+    assert bench_models.split_size("/models/x:hidden_size=8") == ("/models/x", "hidden_size=8")
+    assert bench_models.split_size("smollm2") == ("smollm2", None)
+    assert bench_models.split_size("C:/models/x") == ("C:/models/x", None)  # a path is not a size
+
+
+def test_the_cli_writes_each_record_as_its_turn_is_judged(pair, tmp_path, monkeypatch):
+    """A run cut short keeps its records: each is appended to records.partial.jsonl as it comes."""
+    target, draft = pair
+    from opttree.bench import runner
+
+    seen = []  # lines in the partial file after each record
+    real = runner.run_bench
+
+    def spy(*args, on_record=None, **kwargs):
+        def both(record):
+            on_record(record)
+            seen.append(len((tmp_path / "out" / "records.partial.jsonl").read_text().splitlines()))
+        return real(*args, on_record=both, **kwargs)
+
+    monkeypatch.setattr(runner, "run_bench", spy)
+    monkeypatch.setattr(bench_models, "load_target", lambda spec, dtype, device: (target, CharTokenizer()))
+    monkeypatch.setattr(bench_models, "load_draft_model", lambda spec, target, dtype, device: draft if spec else None)
+    code = cli.main(["--questions", str(write_questions(tmp_path)), "--draft", "x", "--methods", "plain,opttree",
+                     "--nodes", "4", "--max-new-tokens", "6", "--warmup", "0", "--out", str(tmp_path / "out"),
+                     "--no-plots", "--no-progress"])
+    assert code == 0
+    assert seen == list(range(1, len(seen) + 1)) and len(seen) == 2 * 3  # one line more per record
+    assert not (tmp_path / "out" / "records.partial.jsonl").exists()  # the full file replaces it at the end
+    assert len((tmp_path / "out" / "records.jsonl").read_text().splitlines()) == 6
+
+
+def write_questions(tmp_path):
+    path = tmp_path / "questions.jsonl"
+    path.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
+    return path

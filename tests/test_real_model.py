@@ -135,3 +135,22 @@ def test_batched_greedy_equality(smollm2, real_draft):
     for b in range(len(rows)):
         assert torch.equal(out.sequences[b], ref[b]), b
     assert len(out.stats.rows) == len(rows)
+
+
+def test_smollm2_inflated_writes_smollm2s_text_and_the_shipped_drafts_draft_as_against_smollm2(smollm2):
+    """SmolLM2 inflated (3.1x its parameters; hidden 1152, 32 layers): greedy output equal to
+    SmolLM2's, and the shipped head and draft, loaded against it unchanged, accept what they accept
+    against SmolLM2 (the same accepted lengths: they read the same features)."""
+    from opttree import load_draft
+    from opttree.inflate import Shape, inflate
+
+    target, tok = smollm2
+    big = inflate(target, Shape(1152, 2048, 24, 6, 32))
+    assert sum(p.numel() for p in big.parameters()) > 3 * sum(p.numel() for p in target.parameters())
+    for folder in (SHIPPED_HEAD, SHIPPED_DRAFT):
+        runs = {}
+        for name, model in (("smollm2", target), ("inflated", big)):
+            gen = SpeculativeGenerator(model, load_draft(folder, model), nodes=8, threshold=0.3)
+            runs[name] = check_prompts((model, tok), gen, own_prompts()[:4])
+        assert runs["inflated"] == runs["smollm2"], folder.name
+        assert sum(runs["smollm2"]) / len(runs["smollm2"]) > 1.3  # control: the drafts are accepted

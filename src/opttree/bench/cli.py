@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
 from ..drafters.make import is_draft_model
 from ..tree.config import STRATEGIES, VERIFIERS
-from .methods import FAST, HF_METHODS, METHODS, parse_tree_spec
+from .methods import COMPILED, COMPILED_METHODS, FAST, HF_METHODS, METHODS, parse_tree_spec
 from .questions import CATEGORIES, QUICK_QUESTIONS, SPEC_BENCH_URL, TASKS, load_questions, select_questions
 
 logger = logging.getLogger("opttree.bench")
@@ -38,7 +40,8 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
-ALL_METHODS = tuple(x for m in HF_METHODS for x in (m, f"{m}{FAST}")) + ("opttree", "opttree-lookup")
+ALL_METHODS = (tuple(x for m in HF_METHODS for x in (m, f"{m}{FAST}")) + ("opttree", "opttree-lookup")
+               + tuple(f"{m}{COMPILED}" for m in COMPILED_METHODS))
 
 
 def parser(prog: str = "python -m opttree.bench") -> argparse.ArgumentParser:
@@ -58,7 +61,9 @@ def parser(prog: str = "python -m opttree.bench") -> argparse.ArgumentParser:
                    help="a Spec-Bench question file (get it from " + SPEC_BENCH_URL + "); default: the 13 "
                         "questions shipped with opttree (one per category, written for a quick try, not Spec-Bench's)")
     p.add_argument("--target", default="smollm2",
-                   help="'smollm2' (SmolLM2-135M-Instruct), a folder holding its GGUF file, or a from_pretrained path")
+                   help="'smollm2' (SmolLM2-135M-Instruct), a folder holding its GGUF file, or a from_pretrained path; "
+                        "':1b' or ':7b' after any of them: that model inflated to the cost of a 1 B or 7 B model, "
+                        "computing the same function (a cost stand-in: opttree.inflate)")
     p.add_argument("--draft", default=None,
                    help="an `opttree distill` folder, a from_pretrained path, or truncated:N "
                         "(the target's first N layers)")
@@ -70,7 +75,8 @@ def parser(prog: str = "python -m opttree.bench") -> argparse.ArgumentParser:
                         "this n-gram weight where the text matched)")
     p.add_argument("--methods", default=",".join(METHODS),
                    help=f"comma-separated, from: {', '.join(ALL_METHODS)}; -fast: the HF method under opttree's "
-                        "linears' kernels (plain at its fastest here); plain is always run")
+                        "linears' kernels (plain at its fastest here); -compiled: over a static cache, compiled as "
+                        "generate() compiles (HF's fast path; on every device); plain is always run")
     p.add_argument("--categories", default=None,
                    help=f"comma-separated Spec-Bench tasks ({', '.join(TASKS)}) or file categories "
                         f"({', '.join(CATEGORIES[:3])}, ...); default: the six tasks (the shipped questions: "
@@ -144,10 +150,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m opttree.bench") -
     except (OSError, ValueError) as error:
         usage.error(str(error))
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    if args.draft is None and ({"assisted", "assisted-fast", "opttree"} & set(methods) or extra_trees):
+    needs_draft = ("assisted", "assisted-fast", "assisted-compiled", "opttree", "opttree-compiled")
+    if args.draft is None and (set(needs_draft) & set(methods) or extra_trees):
         logger.warning("no --draft given: skipping assisted and opttree (pass a distilled draft folder, or "
                        "--draft truncated:N for a weak stand-in made of the target's first N layers)")
-        methods = [m for m in methods if m not in ("assisted", "assisted-fast", "opttree")]
+        methods = [m for m in methods if m not in needs_draft]
         extra_trees = []
 
     t0 = time.perf_counter()
@@ -164,7 +171,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m opttree.bench") -
         if assistant is None and is_draft_model(draft):
             assistant = draft
         draft = MixedDrafter(draft, weight=args.mix_lookup)
-    uses_assistant = {"assisted", "assisted-fast"} & set(methods)
+    uses_assistant = {"assisted", "assisted-fast", "assisted-compiled"} & set(methods)
     if uses_assistant and assistant is None and not is_draft_model(draft):
         logger.warning("--draft is not an HF model: skipping assisted (give --assistant PATH)")
         methods = [m for m in methods if m not in uses_assistant]
@@ -175,16 +182,25 @@ def main(argv: list[str] | None = None, prog: str = "python -m opttree.bench") -
     header = {"command": f"{prog} " + " ".join(argv), "target_spec": args.target,
               "draft_spec": args.draft, "draft_dtype": draft_dtype_words, "assistant_spec": args.assistant or (args.draft if uses_assistant & set(methods) else None), "questions_file": str(args.questions),
               "categories": ",".join(dict.fromkeys(q.group for q in questions)), "quick": args.quick}
+    out = Path(args.out or Path("bench-results") / time.strftime("%Y%m%d-%H%M%S", time.gmtime()))
+    out.mkdir(parents=True, exist_ok=True)
+    partial = out / "records.partial.jsonl"  # each record as its turn is judged: a run cut short keeps them
+    partial.write_text("")
+
+    def keep(record) -> None:
+        with partial.open("a") as f:
+            f.write(json.dumps(asdict(record)) + "\n")
+
     result = run_bench(
         target, draft, tokenizer, questions, methods=methods, max_new_tokens=args.max_new_tokens,
         max_turns=args.max_turns, warmup=args.warmup, seed=args.seed,
         tree={k: v for k, v in tree.items() if v is not None},
         extra_trees=extra_trees, prompt_lookup_num_tokens=args.prompt_lookup,
         num_assistant_tokens=args.assistant_tokens, assistant_schedule=args.assistant_schedule,
-        progress=not args.no_progress, header=header, assistant=assistant,
+        progress=not args.no_progress, header=header, assistant=assistant, on_record=keep,
     )
-    out = Path(args.out or Path("bench-results") / time.strftime("%Y%m%d-%H%M%S", time.gmtime()))
     written = result.write(out, plots=not args.no_plots)
+    partial.unlink()
     print(result.markdown())
     print(f"written to {out}/: " + ", ".join(sorted(str(p.relative_to(out)) for p in written.values())))
     if not result.ok:

@@ -6,7 +6,11 @@
   fastest here): it shows how much of opttree's speed-up those kernels alone give;
 * ``assisted``: HF assisted generation with the same draft (``assistant_model=``), a chain draft;
 * ``lookup``: HF prompt lookup decoding (``prompt_lookup_num_tokens=``), no draft model;
-* ``opttree``: OPT-Tree draft trees (arXiv 2406.17276) via ``custom_generate=speculative_generate``.
+* ``opttree``: OPT-Tree draft trees (arXiv 2406.17276) via ``custom_generate=speculative_generate``;
+* ``plain-compiled``, ``assisted-compiled``, ``opttree-compiled``: the same over a static cache of
+  one fixed size with generate()'s ``compile_config``, on every device (transformers compiles only
+  on CUDA and a few others by itself): HF's own fast path, and opttree's verification through the
+  same compiled forward. The compile happens in the runner's warm-up, timed apart.
 
 A :class:`Method` maps a prompt to a :class:`Generated`; the runner times the call. Tokens per
 step of the HF methods are read from the committed length each time generate() consults its
@@ -31,6 +35,8 @@ from ..loop.stats import GenerationStats
 METHODS = ("plain", "plain-fast", "assisted", "lookup", "opttree")  # the default set
 HF_METHODS = ("plain", "assisted", "lookup")  # each also as "<name>-fast"
 FAST = "-fast"  # an HF method under opttree's linears' kernels
+COMPILED = "-compiled"  # over a static cache, compiled as generate() compiles plain decoding
+COMPILED_METHODS = ("plain", "assisted", "opttree")  # each also as "<name>-compiled"
 
 
 @dataclass
@@ -81,6 +87,25 @@ def greedy_kwargs(model, input_ids: torch.Tensor, max_new_tokens: int) -> dict:
     return kwargs
 
 
+def compiled_kwargs(target, max_cache_len: int) -> dict:
+    """generate()'s arguments for its compiled path: a static cache of ``max_cache_len`` slots (one
+    size for every prompt, so no length recompiles) and a ``compile_config`` that compiles on the
+    target's device, whatever it is."""
+    from transformers import CompileConfig, GenerationConfig
+
+    config = CompileConfig()
+    config._compile_all_devices = target.device.type != "cuda"  # CUDA compiles by itself; elsewhere asked for
+    kwargs = dict(cache_implementation="static", compile_config=config)
+    if "max_cache_len" in GenerationConfig().to_dict():  # transformers that size a static cache up front
+        kwargs["max_cache_len"] = max_cache_len
+    return kwargs
+
+
+def _compiled_settings(kwargs: dict) -> dict:
+    return {"cache": "static", "max_cache_len": kwargs.get("max_cache_len", "per call"),
+            "compile": f"compile_config (mode {kwargs['compile_config'].mode})"}
+
+
 def _hf_method(name: str, target, settings: dict, uses_draft: bool = False, **extra) -> Method:
     def generate(input_ids, max_new_tokens):
         recorder = StepRecorder()
@@ -106,9 +131,11 @@ def with_kernel(method: Method, *models) -> Method:
                   method.uses_draft)
 
 
-def assisted_method(target, draft, num_assistant_tokens: int | None = None, schedule: str | None = None) -> Method:
+def assisted_method(target, draft, num_assistant_tokens: int | None = None, schedule: str | None = None,
+                    extra: dict | None = None) -> Method:
     """HF assisted generation. Its draft length schedule lives in ``draft.generation_config``
-    (default: 20 tokens, "heuristic", which carries over from one generate() call to the next)."""
+    (default: 20 tokens, "heuristic", which carries over from one generate() call to the next).
+    ``extra``: more generate() arguments (a static cache and a compile_config: ``assisted-compiled``)."""
     if num_assistant_tokens is not None:
         draft.generation_config.num_assistant_tokens = num_assistant_tokens
     if schedule is not None:
@@ -116,7 +143,10 @@ def assisted_method(target, draft, num_assistant_tokens: int | None = None, sche
     config = draft.generation_config
     settings = {"num_assistant_tokens": config.num_assistant_tokens or "HF default",
                 "num_assistant_tokens_schedule": config.num_assistant_tokens_schedule or "HF default"}
-    return _hf_method("assisted", target, settings, uses_draft=True, assistant_model=draft)
+    if extra:
+        settings.update(_compiled_settings(extra))
+    name = "assisted" + (COMPILED if extra else "")
+    return _hf_method(name, target, settings, uses_draft=True, assistant_model=draft, **(extra or {}))
 
 
 def lookup_method(target, num_tokens: int = 10, max_ngram_size: int | None = None) -> Method:
@@ -126,10 +156,11 @@ def lookup_method(target, num_tokens: int = 10, max_ngram_size: int | None = Non
     return _hf_method("lookup", target, dict(extra), **extra)
 
 
-def opttree_method(target, draft, name: str = "opttree", **tree) -> Method:
+def opttree_method(target, draft, name: str = "opttree", extra: dict | None = None, **tree) -> Method:
     """opttree through the public ``custom_generate=`` entry point; ``tree`` holds TreeConfig
     arguments (nodes, threshold, max_depth, strategy, verifier). ``draft`` may be a model or
-    anything ``draft_model=`` accepts (e.g. ``"prompt_lookup"`` where that drafter exists)."""
+    anything ``draft_model=`` accepts (e.g. ``"prompt_lookup"`` where that drafter exists);
+    ``extra``: more generate() arguments (a static cache and a compile_config)."""
     unknown = set(tree) - set(TREE_ARGS)
     if unknown:
         raise ValueError(f"unknown tree settings {sorted(unknown)}; known: {', '.join(TREE_ARGS)}")
@@ -138,10 +169,12 @@ def opttree_method(target, draft, name: str = "opttree", **tree) -> Method:
     def generate(input_ids, max_new_tokens):
         out = target.generate(input_ids, custom_generate=speculative_generate, draft_model=draft,
                               return_dict_in_generate=True, **{k: v for k, v in tree.items() if v is not None},
-                              **greedy_kwargs(target, input_ids, max_new_tokens))
+                              **greedy_kwargs(target, input_ids, max_new_tokens), **(extra or {}))
         return Generated(out.sequences, out.stats.accept_lengths, out.stats)
 
     settings = {k: getattr(config, k) for k in ("nodes", "threshold", "max_depth", "strategy", "verifier")}
+    if extra:
+        settings.update(_compiled_settings(extra))
     if isinstance(draft, str):
         settings["draft"] = draft
     return Method(name, generate, settings, uses_draft=not isinstance(draft, str))
@@ -168,10 +201,11 @@ def parse_tree_spec(spec: str) -> dict:
 
 def make_methods(names, target, draft, *, tree: dict | None = None, extra_trees: list[dict] | None = None,
                  prompt_lookup_num_tokens: int = 10, num_assistant_tokens: int | None = None,
-                 assistant_schedule: str | None = None, assistant=None) -> list[Method]:
+                 assistant_schedule: str | None = None, assistant=None, max_cache_len: int = 2048) -> list[Method]:
     """Methods by name (``plain``, ``assisted``, ``lookup``, each also with ``-fast``: under opttree's
-    linears' kernels; ``opttree``, ``opttree-lookup``); ``Method`` objects pass through. Each dict of
-    ``extra_trees`` adds one more opttree method.
+    linears' kernels; ``plain``, ``assisted``, ``opttree`` each also with ``-compiled``: over a static
+    cache of ``max_cache_len`` slots, compiled; ``opttree``, ``opttree-lookup``); ``Method`` objects
+    pass through. Each dict of ``extra_trees`` adds one more opttree method.
     ``assistant``: the HF model for ``assisted`` (default: ``draft``, when it is an HF model; an
     EAGLE-style feature head is not one)."""
     tree = dict(tree or {})
@@ -183,23 +217,26 @@ def make_methods(names, target, draft, *, tree: dict | None = None, extra_trees:
             methods.append(name)
             continue
         kernel = name.endswith(FAST) and name.removesuffix(FAST) in HF_METHODS
-        base = name.removesuffix(FAST) if kernel else name
+        compiled = name.endswith(COMPILED) and name.removesuffix(COMPILED) in COMPILED_METHODS
+        base = name.removesuffix(FAST) if kernel else name.removesuffix(COMPILED) if compiled else name
+        extra = compiled_kwargs(target, max_cache_len) if compiled else {}
         if base == "plain":
-            method = plain_method(target)
+            method = plain_method(target) if not compiled else _hf_method(
+                name, target, {"generate": "greedy", **_compiled_settings(extra)}, **extra)
         elif base == "assisted":
             if assistant is None:
-                raise ValueError("method 'assisted' needs an HF draft model: --assistant PATH when --draft is a "
+                raise ValueError(f"method {name!r} needs an HF draft model: --assistant PATH when --draft is a "
                                  "feature head (HF assisted generation cannot use one)")
-            method = assisted_method(target, assistant, num_assistant_tokens, assistant_schedule)
+            method = assisted_method(target, assistant, num_assistant_tokens, assistant_schedule, extra=extra)
         elif base == "lookup":
             method = lookup_method(target, prompt_lookup_num_tokens)
         elif base == "opttree":
-            method = opttree_method(target, _need(draft, name), **tree)
+            method = opttree_method(target, _need(draft, name), name=name, extra=extra, **tree)
         elif base == "opttree-lookup":
             method = opttree_method(target, "prompt_lookup", name=name, **tree)
         else:
             raise ValueError(f"unknown method {name!r}; known: {', '.join(METHODS)}, assisted-fast, lookup-fast, "
-                             "opttree-lookup")
+                             "opttree-lookup, plain-compiled, assisted-compiled, opttree-compiled")
         methods.append(with_kernel(method, target, draft) if kernel else method)
     for spec in extra_trees or []:
         label = ",".join(f"{k}={v}" for k, v in spec.items())

@@ -1,7 +1,10 @@
 """Loading the target and the draft from command-line strings.
 
 target: ``smollm2`` (the default: SmolLM2-135M-Instruct via :func:`opttree.smollm2.load_smollm2`),
-a folder holding SmolLM2's GGUF file, or anything ``from_pretrained`` takes.
+a folder holding SmolLM2's GGUF file, or anything ``from_pretrained`` takes; any of them followed by
+``:SIZE`` (``smollm2:1b``, ``smollm2:7b``, or ``:hidden_size=...,...``): that model inflated to the
+cost of a bigger one, computing the same function (:func:`opttree.inflate.inflate`), built in the
+dtype and on the device asked.
 draft: a folder written by ``opttree distill`` (loaded with :func:`opttree.load_draft`,
 which completes it from the target), any other ``from_pretrained`` folder, or ``truncated:N``: a
 copy of the target's first N layers (untrained, hence weak; for when no draft exists). Its dtype
@@ -16,13 +19,30 @@ from pathlib import Path
 
 import torch
 
+from ..inflate import SIZES, inflate
 from ..loading import load_draft
 from ..loading.draft_dtype import in_dtype
 from ..loading.files import META_FILE
 
 
+def split_size(spec: str) -> tuple[str, str | None]:
+    """``"smollm2:7b"`` -> ("smollm2", "7b"); a spec without a size -> (spec, None)."""
+    base, sep, size = spec.rpartition(":")
+    if sep and base and (size in SIZES or "=" in size):
+        return base, size
+    return spec, None
+
+
 def load_target(spec: str = "smollm2", dtype: torch.dtype = torch.float32, device: str = "cpu"):
     """-> (model, tokenizer)"""
+    base, size = split_size(spec)
+    if size is not None:  # the source in float32 on the CPU (small), inflated straight into dtype on device
+        source, tokenizer = load_target(base, torch.float32, "cpu")
+        return inflate(source, size, dtype=dtype, device=device), tokenizer
+    return _load(spec, dtype, device)
+
+
+def _load(spec: str, dtype: torch.dtype, device: str):
     from ..smollm2 import GGUF_FILE, load_smollm2
 
     if spec == "smollm2":

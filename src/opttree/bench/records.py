@@ -45,6 +45,7 @@ class TurnRecord:
     tree_sizes: list[int] = field(default_factory=list)  # opttree: nodes verified per step
     draft_seconds: float | None = None  # opttree: time spent drafting
     verify_seconds: float | None = None  # opttree: time spent verifying
+    graphs_compiled: int = 0  # graphs torch.compile made during this (timed) call: a recompile
 
     @property
     def steps(self) -> int:

@@ -50,10 +50,25 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
+def graphs_compiled() -> int:
+    """Graphs torch.compile has made in this process so far (dynamo's count; 0 before any compile)."""
+    import torch._dynamo.utils
+
+    return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+
+
+def cache_slots(lengths: Sequence[int], max_new_tokens: int, margin: int = 128, step: int = 256) -> int:
+    """One static cache size for every prompt of a run: the longest prompt, its new tokens and a
+    tree's margin, rounded up to ``step`` (so no prompt length recompiles a compiled method)."""
+    need = max(lengths) + max_new_tokens + margin
+    return -(-need // step) * step
+
+
 def run_method(method: Method, input_ids: torch.Tensor, max_new_tokens: int, tokenizer=None, *,
                question: Question, turn: int, question_index: int = 0, seed: int = 0) -> TurnRecord:
     """Time one generate() call and turn its output into a TurnRecord."""
     torch.manual_seed(seed)
+    graphs_before = graphs_compiled()
     _sync(input_ids.device)
     start = time.perf_counter()
     out = method.generate(input_ids, max_new_tokens)
@@ -65,6 +80,7 @@ def run_method(method: Method, input_ids: torch.Tensor, max_new_tokens: int, tok
         turn=turn, question_index=question_index, prompt_tokens=int(input_ids.shape[1]), new_tokens=len(new),
         wall_time=seconds, accept_lengths=list(out.accept_lengths), tokens=new,
         text=tokenizer.decode(new, skip_special_tokens=True) if tokenizer is not None else "",
+        graphs_compiled=graphs_compiled() - graphs_before,
     )
     if out.stats is not None:
         record.expected_lengths = [s.expected_length for s in out.stats.steps]
@@ -116,34 +132,43 @@ def run_bench(target, draft, tokenizer, questions: Sequence, *,
     questions: Question objects or Spec-Bench rows (``question_id``, ``category``, ``turns``);
     methods: names (see :func:`~opttree.bench.methods.make_methods`) or Method objects; ``plain``
     is added first if missing, as every other method is checked against it.
-    warmup: runs of every method on the first question's first turn, not recorded.
+    warmup: runs of every method on the first question's first turn, not recorded; their seconds and
+    the graphs they compiled go to the header (``warmup``), apart from the timed runs.
+    on_record: called with each record as soon as its turn is judged (a run cut short keeps those).
     """
     methods = list(methods)
     names = [m.name if isinstance(m, Method) else m for m in methods]
     if REFERENCE not in names:
         methods.insert(0, REFERENCE)
-    methods = make_methods(methods, target, draft, tree=tree, extra_trees=extra_trees,
-                           prompt_lookup_num_tokens=prompt_lookup_num_tokens,
-                           num_assistant_tokens=num_assistant_tokens, assistant_schedule=assistant_schedule,
-                           assistant=assistant)
-    if len({m.name for m in methods}) != len(methods):
-        raise ValueError(f"method names must be unique, got {[m.name for m in methods]}")
     questions = [as_question(q) for q in questions]
     if not questions:
         raise ValueError("no questions to run")
+    turns_of = [q.turns[:max_turns] if max_turns else q.turns for q in questions]
+    longest = [len(prompt_ids(tokenizer, turns, [""] * (len(turns) - 1))) + max_new_tokens * (len(turns) - 1)
+               for turns in turns_of]
+    methods = make_methods(methods, target, draft, tree=tree, extra_trees=extra_trees,
+                           prompt_lookup_num_tokens=prompt_lookup_num_tokens,
+                           num_assistant_tokens=num_assistant_tokens, assistant_schedule=assistant_schedule,
+                           assistant=assistant, max_cache_len=cache_slots(longest, max_new_tokens))
+    if len({m.name for m in methods}) != len(methods):
+        raise ValueError(f"method names must be unique, got {[m.name for m in methods]}")
     device = target.device
     reference = next(m for m in methods if m.name == REFERENCE)
 
     def ids_for(turns, answers) -> torch.Tensor:  # -> [1, T] long
         return torch.tensor([prompt_ids(tokenizer, turns, answers)], dtype=torch.long, device=device)
 
-    # warm-up: every method once or more on the first prompt; nothing recorded
+    # warm-up: every method once or more on the first prompt (compiles happen here); not recorded
     warm_ids = ids_for(questions[0].turns[:1], [])
+    warm = {m.name: {"seconds": 0.0, "graphs_compiled": 0} for m in methods}
     for _ in range(warmup):
         for method in methods:
+            graphs, start = graphs_compiled(), time.perf_counter()
             method.generate(warm_ids, min(max_new_tokens, 32))
+            _sync(device)
+            warm[method.name]["seconds"] += time.perf_counter() - start
+            warm[method.name]["graphs_compiled"] += graphs_compiled() - graphs
 
-    turns_of = [q.turns[:max_turns] if max_turns else q.turns for q in questions]
     bar = _progress(sum(len(t) for t in turns_of) * len(methods), progress)
     records: list[TurnRecord] = []
     for index, (question, turns) in enumerate(zip(questions, turns_of)):
@@ -176,4 +201,5 @@ def run_bench(target, draft, tokenizer, questions: Sequence, *,
     info["settings"] = {"max_new_tokens": max_new_tokens, "max_turns": max_turns, "warmup": warmup, "seed": seed,
                         "questions": len(questions), "greedy": True, "batch_size": 1}
     info["methods"] = {m.name: m.settings for m in methods}
+    info["warmup"] = warm
     return BenchResult(records=records, methods=[m.name for m in methods], header=info)

@@ -30,6 +30,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from ..hf.inflated import carried_width, text_config
 from ..kernels import linears
 from ..tree.draft_probs import DraftProbs
 from ..tree.draft_tree import DraftTree
@@ -160,9 +161,12 @@ class FeatureHead(nn.Module):
         """The target's ``output_hidden_states`` (each [b, T, H]) -> the head's input [b, T, H]:
         its ``feature_layers`` concatenated, then :meth:`fuse`d. For a plain head this is
         ``hidden_states[-1]`` itself."""
+        h = self.c.hidden_size  # an inflated target's states are wider: the head reads the entries it carries
         if len(self.c.feature_layers) == 1:
-            return hidden_states[-1]
-        return self.fuse(torch.cat([hidden_states[i] for i in self.c.feature_layers], dim=-1))
+            last = hidden_states[-1]
+            return last if last.shape[-1] == h else last[..., :h]
+        states = [hidden_states[i] for i in self.c.feature_layers]
+        return self.fuse(torch.cat([s if s.shape[-1] == h else s[..., :h] for s in states], dim=-1))
 
     def delta_parameters(self) -> list[nn.Parameter]:
         """The parameters of the rows' trained correction: [], [D] or [A, B] (by ``c.out_rank``)."""
@@ -213,11 +217,11 @@ class FeatureHead(nn.Module):
 
     def check_fits(self, target) -> None:
         """Refuse a target whose hidden size or vocabulary differs from the one the head was made for."""
-        config = target.config.get_text_config() if hasattr(target.config, "get_text_config") else target.config
-        if (config.hidden_size, config.vocab_size) != (self.c.hidden_size, self.c.vocab_size):
+        config = text_config(target.config)
+        if (carried_width(config), config.vocab_size) != (self.c.hidden_size, self.c.vocab_size):
             raise ValueError(
                 f"this feature head was made for a target with hidden size {self.c.hidden_size} and "
-                f"vocabulary {self.c.vocab_size}, but the target has {config.hidden_size} and "
+                f"vocabulary {self.c.vocab_size}, but the target has {carried_width(config)} and "
                 f"{config.vocab_size}; load the head with opttree.load_draft(path, target) "
                 "for the target it was trained on, or train one with `opttree distill --kind head`"
             )

@@ -31,6 +31,7 @@ from torch import nn
 
 from .files import (COUNT, INDEXES, META_FILE, NUMBER, TEXT, WEIGHTS_FILE, check_format, embedding_matches, first_problem,
                     parse_meta, read_weights, weights_mismatch)
+from ..hf.inflated import carried_embedding, carried_rows, carried_width
 from .head_file import HEAD_FORMATS
 
 logger = logging.getLogger(__name__)
@@ -103,11 +104,11 @@ def build_draft(target, meta: DraftMeta, config=None, token_ids: torch.Tensor | 
     from transformers import LlamaForCausalLM
 
     config = config or draft_config(target.config, len(meta.init_layers))
-    embed = target.get_input_embeddings()
+    embed = carried_embedding(target)
     draft = LlamaForCausalLM(config).to(embed.weight.dtype)
     draft.model.embed_tokens = embed  # shared with the target, frozen below
     ids = token_ids if token_ids is not None else torch.arange(meta.num_kept_tokens)
-    output = target.get_output_embeddings().weight  # [V, H] (tied to embed on SmolLM2)
+    output = carried_rows(target.get_output_embeddings().weight, target.config)  # [V, H] (tied to embed on SmolLM2)
     draft.lm_head = ReducedVocabHead(output[ids], ids, config.vocab_size)
     draft.model.embed_tokens.weight.requires_grad_(False)
     return draft
@@ -150,13 +151,12 @@ def load_model_draft(path: Path, target, data: dict):
 
     meta = parse_meta(DraftMeta, data, META_KINDS, str(path / META_FILE))
     check_format(meta.format, (FORMAT, *HEAD_FORMATS), path)
-    if (meta.target_vocab_size, meta.target_hidden_size) != (
-        target.config.vocab_size, target.config.hidden_size
-    ):
+    width = carried_width(target.config)
+    if (meta.target_vocab_size, meta.target_hidden_size) != (target.config.vocab_size, width):
         raise ValueError(
             f"{path} was distilled from a target with vocab {meta.target_vocab_size} and hidden "
-            f"size {meta.target_hidden_size}; this target has {target.config.vocab_size} and "
-            f"{target.config.hidden_size}"
+            f"size {meta.target_hidden_size}; this target has {target.config.vocab_size} and {width}: "
+            "pass the target it was distilled from"
         )
     if not embedding_matches(target, meta.target_embedding_checksum):
         logger.warning("%s: the target's embedding differs from the one it was distilled from", path)

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from ..drafters.feature_head import FeatureHead, HeadConfig
+from ..hf.inflated import carried_embedding, carried_rows, carried_width, text_config
 from .files import (COUNT, INDEX_OR_NULL, INTEGERS, META_FILE, NUMBER, OBJECT, POSITIVE, REWRITE, TEXT, WEIGHTS_FILE,
                     check_format, embedding_matches, first_problem, parse_meta, read_meta, read_weights, weights_mismatch)
 
@@ -56,7 +57,7 @@ def output_rows(target, token_ids: torch.Tensor) -> torch.Tensor:
     head = target.get_output_embeddings()
     if head is None or getattr(head, "weight", None) is None:
         raise ValueError("a feature head needs a target with an output embedding (lm_head) to share")
-    return head.weight[token_ids.to(head.weight.device)].detach().float().cpu()
+    return carried_rows(head.weight[token_ids.to(head.weight.device)], target.config).detach().float().cpu()
 
 
 def save_head(head: FeatureHead, meta: HeadMeta, path: str | Path, dtype: torch.dtype = torch.float16) -> Path:
@@ -95,11 +96,11 @@ def load_head(path: str | Path, target) -> FeatureHead:
     on the device of the target's input embedding."""
     path = Path(path)
     meta, c = read_head_meta(path)
-    config = target.config.get_text_config() if hasattr(target.config, "get_text_config") else target.config
-    if (config.hidden_size, config.vocab_size) != (c.hidden_size, c.vocab_size):
+    config = text_config(target.config)
+    if (carried_width(config), config.vocab_size) != (c.hidden_size, c.vocab_size):
         raise ValueError(
             f"{path} is a feature head for a target with hidden size {c.hidden_size} and vocabulary "
-            f"{c.vocab_size}; this target has {config.hidden_size} and {config.vocab_size}: pass the "
+            f"{c.vocab_size}; this target has {carried_width(config)} and {config.vocab_size}: pass the "
             "target it was trained on, or train one for this target with `opttree distill --kind head`"
         )
     if not embedding_matches(target, meta.target_embedding_checksum):
@@ -109,7 +110,7 @@ def load_head(path: str | Path, target) -> FeatureHead:
     if ids is None or ids.dim() != 1 or len(ids) == 0 or int(ids.min()) < 0 or int(ids.max()) >= c.vocab_size:
         raise weights_mismatch(path, f"'token_ids' must list kept tokens of the {c.vocab_size}-token vocabulary")
     ids = ids.long()
-    head = FeatureHead(c, target.get_input_embeddings(), output_rows(target, ids), ids)
+    head = FeatureHead(c, carried_embedding(target), output_rows(target, ids), ids)
     try:
         head.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()})
     except RuntimeError as error:  # shapes or names that the metadata does not describe
