@@ -7,8 +7,9 @@ Two views, both printed as markdown tables with the machine's name:
   (``OPTTREE_LINEAR=stock``, ``weight_major``, ``onednn``, ``onednn_pad``) and with ``auto``, timed after a first
   pass that lets it choose (its choices are summarised below the table);
 * ``--products``: each distinct linear shape of the target alone, per row count, for every kernel
-  and for MKL's packed GEMM (``torch.ops.mkl._mkl_linear``, one packed copy per row count: no
-  runtime candidate, measured here so that the choice stays a measurement). The weights cycle
+  and for MKL's packed GEMM (``torch.ops.mkl._mkl_linear``, one packed copy per row count) and
+  numpy's BLAS (OpenBLAS in numpy's wheels; ``x @ W.T`` on the tensors' own memory, no copy):
+  no runtime candidates, measured here so that the choice stays a measurement. The weights cycle
   through copies larger than the CPU's caches, so they come from memory as in decoding.
 
 Usage::
@@ -16,6 +17,7 @@ Usage::
     python benchmarks/kernel.py                       # SmolLM2-135M-Instruct, fetched as the demo does
     python benchmarks/kernel.py --products --threads 2
     python benchmarks/kernel.py --random-weights      # SmolLM2-135M's shapes, random weights (no download)
+    python benchmarks/kernel.py --products --target smollm2:1b   # the shapes of SmolLM2 inflated to a 1 B's cost
 """
 
 from __future__ import annotations
@@ -56,6 +58,10 @@ def product_us(out: int, inn: int, rows: int, dtype: torch.dtype, kernel: str, b
         packed = [(torch.ops.mkl._mkl_reorder_linear_weight(w, rows), w) for w in weights]
         call = lambda p: torch.ops.mkl._mkl_linear(x, p[0], p[1], None, rows)  # noqa: E731
         items = packed
+    elif kernel == "numpy":
+        xs = x.numpy()
+        call = lambda w: xs @ w.T  # noqa: E731  (numpy's BLAS on the same memory)
+        items = [w.numpy() for w in weights]
     else:
         os.environ["OPTTREE_LINEAR"] = kernel
         call = lambda w: linears.fast_linear(x, w, None, auto=False, kernel=kernel)  # noqa: E731
@@ -71,6 +77,10 @@ def product_us(out: int, inn: int, rows: int, dtype: torch.dtype, kernel: str, b
 
 
 def load(args):
+    if args.target is not None and ":" in args.target:  # a stand-in, as opttree bench names it
+        from opttree.bench.models import load_target
+
+        return load_target(args.target, getattr(torch, args.dtype))[0].eval()
     if args.random_weights:
         from opttree.smollm2 import random_smollm2
 
@@ -86,7 +96,8 @@ def load(args):
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--target", default=None, help="model folder (default: SmolLM2-135M-Instruct, fetched)")
+    p.add_argument("--target", default=None, help="model folder, or smollm2:1b / smollm2:7b (SmolLM2 inflated to "
+                                                  "that cost); default: SmolLM2-135M-Instruct, fetched")
     p.add_argument("--random-weights", action="store_true", help="SmolLM2-135M's config with random weights")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
@@ -108,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
             shapes = sorted(Counter(tuple(m.weight.shape) for m in target.modules()
                                     if isinstance(m, torch.nn.Linear)).items())
             kernels = [k for k in linears.KERNELS if k in linears.candidates(dtype, rows=1)]
-            kernels += ["mkl_packed"] if dtype == torch.float32 else []
+            kernels += ["mkl_packed", "numpy"] if dtype == torch.float32 else []
             rows = [n + 1 for n in args.sizes]
             print("µs per product (weights from memory), median of 5 passes")
             print()

@@ -20,6 +20,7 @@ behind the stream T(n) stays flat. This prints, from ONE run (so the same load):
 
     .venv/bin/python benchmarks/verify_cost.py --threads 2                 # SmolLM2-135M, float32
     .venv/bin/python benchmarks/verify_cost.py --random-weights --compile  # its shapes, random weights
+    .venv/bin/python benchmarks/verify_cost.py --target smollm2:1b         # SmolLM2 at a 1 B model's cost
     python benchmarks/verify_cost.py --device cuda --random-weights --dtype bfloat16 --compile  # a GPU
 
 On ``--device cuda`` the CPU kernels' rows are left out (they are CPU kernels), the times are CUDA
@@ -219,6 +220,10 @@ def cuda_main(args, rows: list[int]) -> None:
 
 
 def load(args):
+    if args.target:
+        from opttree.bench.models import load_target
+
+        return load_target(args.target, getattr(torch, args.dtype), args.device)[0].eval()
     if args.random_weights:
         from opttree.smollm2 import random_smollm2
 
@@ -238,6 +243,8 @@ def main(argv=None) -> None:
     parser.add_argument("--max-rows", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--random-weights", action="store_true", help="SmolLM2-135M's config, random weights")
+    parser.add_argument("--target", default=None,
+                        help="a target as opttree bench names it, e.g. smollm2:1b (SmolLM2 inflated to a 1 B's cost)")
     parser.add_argument("--compile", action="store_true", help="also torch.compile over a StaticCache")
     parser.add_argument("--freezing", action="store_true", help="with --compile: Inductor's freezing")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
@@ -250,7 +257,7 @@ def main(argv=None) -> None:
         return
     torch.set_num_threads(args.threads)
     model = load(args).to(getattr(torch, args.dtype))
-    rows = [r for r in VERIFY_SIZES if r <= args.max_rows]
+    rows = [int(r) for r in args.sizes.split(",")] if args.sizes else [r for r in VERIFY_SIZES if r <= args.max_rows]
     saved = os.environ.get("OPTTREE_LINEAR")
     try:
         stream, size = stream_ms(model)

@@ -4,9 +4,14 @@
 # run others with no carry):
 #   bash scripts/device_job.sh tests   -m gpu, then -m real_model; output in $OUT/tests.log.
 #                                      One call; cut at the time limit (the log says where).
-#   bash scripts/device_job.sh bench   Spec-Bench, 13 categories x 1 question, 64 tokens, bf16 on cuda;
-#                                      $OUT/bench.log, bench-summary.md, bench.tar.gz. One call (expected
-#                                      a few minutes; not measured yet).
+#   bash scripts/device_job.sh bench   Spec-Bench, 13 categories x 1 question, 64 tokens, bf16 on cuda, on
+#                                      SmolLM2 inflated to a 7 B's cost (smollm2:7b) then SmolLM2-135M itself:
+#                                      plain eager and compiled, HF assisted eager and compiled, opttree
+#                                      default and compiled at nodes 16 and 32 (records streamed as each
+#                                      turn is judged). $OUT/bench.log, bench-summary.md, bench.tar.gz. One
+#                                      call; each target gets its share of the time left.
+#                                      OPTTREE_BENCH_TARGETS / _DEVICE / _DTYPE / _EXTRA override (the CPU
+#                                      dry run of tests/test_device_kit.py).
 #   bash scripts/device_job.sh round   drafts/smollm2-135m-head/round-gpu.toml, in ONE call, everything in memory
 #                                      (python -m opttree.distill.resident): the target's answers to the kit's
 #                                      prompts (round-prompts.jsonl.gz, from `device_kit.py pack --job round`),
@@ -63,20 +68,27 @@ bench)
   [ -f "$OPTTREE_SPEC_BENCH" ] || die "no Spec-Bench questions in the kit: pack found none (pack --questions PATH)"
   plots=()
   has_matplotlib || plots=(--no-plots)
-  rm -rf "$KIT/bench"
+  read -r -a targets <<< "${OPTTREE_BENCH_TARGETS:-smollm2:7b smollm2}"
+  read -r -a extra <<< "${OPTTREE_BENCH_EXTRA:-}"
+  rm -rf "$KIT"/bench-*
   versions | tee "$OUT/bench.log"
-  rc=0
-  # --assistant: HF assisted generation needs a whole draft model; the feature head cannot be one
-  timeout "$(left)" python3 -m opttree.bench --questions "$OPTTREE_SPEC_BENCH" --draft drafts/smollm2-135m-head \
-    --assistant drafts/smollm2-135m-draft --mix-lookup 0.5 --dtype bfloat16 --device cuda \
-    --methods plain,assisted,lookup,opttree --opttree nodes=8 --opttree nodes=16 --opttree nodes=60,threshold=0.5 \
-    --categories "$CATEGORIES" --per-category 1 --max-turns 1 --max-new-tokens 64 --out "$KIT/bench" --no-progress \
-    "${plots[@]}" 2>&1 | tee -a "$OUT/bench.log" || rc=$?
-  if [ -d "$KIT/bench" ]; then
-    tar -czf "$OUT/bench.tar.gz" -C "$KIT" bench
-    [ ! -f "$KIT/bench/summary.md" ] || cp "$KIT/bench/summary.md" "$OUT/bench-summary.md"
-  fi
-  echo "bench: exit $rc (1: an output differed from plain greedy; 124: stopped at the time limit)" | tee -a "$OUT/bench.log"
+  rc=0 i=0
+  for target in "${targets[@]}"; do
+    share=$(( $(left) / (${#targets[@]} - i) )); i=$((i + 1))
+    name=bench-${target//[^a-z0-9]/-}
+    echo "== $target: $share s" | tee -a "$OUT/bench.log"
+    # --assistant: HF assisted generation needs a whole draft model; the feature head cannot be one
+    timeout "$share" python3 -m opttree.bench --target "$target" --questions "$OPTTREE_SPEC_BENCH" \
+      --draft drafts/smollm2-135m-head --assistant drafts/smollm2-135m-draft \
+      --dtype "${OPTTREE_BENCH_DTYPE:-bfloat16}" --device "${OPTTREE_BENCH_DEVICE:-cuda}" \
+      --methods plain,plain-compiled,assisted,assisted-compiled,opttree \
+      --opttree nodes=16,compiled=1 --opttree nodes=32,compiled=1 \
+      --categories "$CATEGORIES" --per-category 1 --max-turns 1 --max-new-tokens 64 --out "$KIT/$name" \
+      --no-progress "${plots[@]}" "${extra[@]}" 2>&1 | tee -a "$OUT/bench.log" || rc=$?
+    [ ! -f "$KIT/$name/summary.md" ] || { echo "# $target"; cat "$KIT/$name/summary.md"; } >> "$OUT/bench-summary.md"
+  done
+  (cd "$KIT" && ls -d bench-* >/dev/null 2>&1) && tar -czf "$OUT/bench.tar.gz" -C "$KIT" $(cd "$KIT" && ls -d bench-*)
+  echo "bench: exit $rc (1: an output differed from plain greedy; 124: stopped at the time limit; records.partial.jsonl keeps a cut-off run's turns)" | tee -a "$OUT/bench.log"
   exit "$rc"
   ;;
 round)

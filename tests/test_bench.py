@@ -370,15 +370,7 @@ def eager_backend(monkeypatch):
     Inductor code generated (seconds, not minutes, on a CPU)."""
     from opttree.bench import methods as bench_methods
 
-    real = bench_methods.compiled_kwargs
-
-    def quick(target, max_cache_len):
-        kwargs = real(target, max_cache_len)
-        kwargs["compile_config"].backend = "eager"
-        kwargs["compile_config"].mode = None
-        return kwargs
-
-    monkeypatch.setattr(bench_methods, "compiled_kwargs", quick)
+    monkeypatch.setitem(bench_methods.COMPILE_BACKEND, "backend", "eager")
 
 
 def test_the_compiled_methods_compile_in_the_warm_up_only_and_equal_plain(pair, eager_backend):
@@ -389,11 +381,12 @@ def test_the_compiled_methods_compile_in_the_warm_up_only_and_equal_plain(pair, 
     target, draft = pair
     result = run_bench(target, draft, CharTokenizer(), QUESTIONS, max_new_tokens=8, warmup=1, progress=False,
                        methods=["plain", "plain-compiled", "assisted-compiled", "opttree-compiled"],
-                       tree={"nodes": 8, "threshold": 0.1, "max_depth": 4})
+                       tree={"nodes": 8, "threshold": 0.1, "max_depth": 4}, extra_trees=[{"nodes": 4, "compiled": 1}])
     assert result.ok and {r.verdict for r in result.records if r.method != "plain"} == {"equal"}
     assert len({r.prompt_tokens for r in result.records}) == 3  # three prompt lengths
     warm = result.header["warmup"]
-    for name in ("plain-compiled", "assisted-compiled", "opttree-compiled"):
+    assert "opttree-compiled(nodes=4)" in result.methods
+    for name in ("plain-compiled", "assisted-compiled", "opttree-compiled", "opttree-compiled(nodes=4)"):
         assert warm[name]["graphs_compiled"] >= 1, name  # it did compile
         assert warm[name]["seconds"] > 0
         assert sum(r.graphs_compiled for r in result.records if r.method == name) == 0, name  # and never again

@@ -327,9 +327,14 @@ def test_each_job_runs_its_command_and_sends_back_few_files(tmp_path, job, comes
     calls = (device / "calls.txt").read_text()
     if job == "tests":
         assert "-m pytest -q -m gpu --ignore=tests/test_bench.py" in calls and "-m real_model and not gpu" in calls
-    if job == "bench":
+    if job == "bench":  # the stand-in at a 7 B's cost first, then SmolLM2 itself; HF's compiled peers beside opttree
         assert f"--questions {device}/spec_bench_questions.jsonl" in calls and "--no-plots" in calls
         assert "--categories writing,roleplay,reasoning,math,coding,extraction,stem,humanities,translation," in calls
+        runs = [line for line in calls.splitlines() if "opttree.bench" in line]
+        assert [r.split("--target ")[1].split()[0] for r in runs] == ["smollm2:7b", "smollm2"]
+        assert all("--methods plain,plain-compiled,assisted,assisted-compiled,opttree " in r for r in runs)
+        assert all("--opttree nodes=16,compiled=1 --opttree nodes=32,compiled=1" in r for r in runs)
+        assert (out / "bench-summary.md").read_text().count("| method | speed |") == 2
     if job == "round":  # issue 34: one call, everything in memory, the kit's prompts, a clock of its own
         assert ("-m opttree.distill.resident --recipe drafts/smollm2-135m-head/round-gpu.toml "
                 f"--prompts {device}/round-prompts.jsonl.gz --out {device}/head-next --device cuda --seconds ") in calls
@@ -345,3 +350,36 @@ def test_the_round_job_refuses_a_kit_without_its_prompts(tmp_path):
     result = subprocess.run(["bash", str(ROOT / "scripts" / "device_job.sh"), "round"], capture_output=True,
                             text=True, env=env)
     assert result.returncode == 2 and "pack --job round" in result.stderr
+
+
+@pytest.mark.real_model
+@pytest.mark.slow
+def test_the_bench_job_runs_end_to_end_on_the_cpu(tmp_path):
+    """The GPU bench job as it runs there, on this CPU: the real SmolLM2 inflated (a small stand-in
+    size), every method of the job with compile forced on the CPU (dynamo's eager backend: the same
+    graphs traced), 2 prompts of 4 tokens. Its files come back, its summary has every method, and
+    every output equals plain."""
+    from opttree.smollm2 import cache_dir, fetch_smollm2
+
+    fetch_smollm2()
+    device, out, bin_dir = tmp_path / "kit", tmp_path / "out", tmp_path / "bin"
+    (device / "opttree-cache").mkdir(parents=True), bin_dir.mkdir()
+    (device / "assembled.json").write_text("{}")
+    (device / "opttree-cache" / "smollm2").symlink_to(cache_dir() / "smollm2")
+    (device / "spec_bench_questions.jsonl").write_text((ROOT / "tests" / "data" / "prompts.jsonl").read_text())
+    (bin_dir / "python3").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')  # this venv's python
+    (bin_dir / "python3").chmod(0o755)
+    size = "hidden_size=768,intermediate_size=1600,num_attention_heads=12,num_key_value_heads=4,num_hidden_layers=31"
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "OPTTREE_KIT": str(device), "OUT": str(out), "HOME": str(tmp_path),
+           "OPTTREE_BENCH_TARGETS": f"smollm2:{size}", "OPTTREE_BENCH_DEVICE": "cpu", "OPTTREE_BENCH_DTYPE": "float32",
+           "OPTTREE_BENCH_EXTRA": "--compile-backend eager --max-new-tokens 4 --categories writing,math --threads 1",
+           "OPTTREE_CALIBRATION": "off"}
+    result = subprocess.run(["bash", str(ROOT / "scripts" / "device_job.sh"), "bench"], capture_output=True,
+                            text=True, env=env, cwd=ROOT, timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert sorted(p.name for p in out.iterdir()) == ["bench-summary.md", "bench.log", "bench.tar.gz"]
+    summary = (out / "bench-summary.md").read_text()
+    for method in ("plain", "plain-compiled", "assisted", "assisted-compiled", "opttree",
+                   "opttree-compiled(nodes=16)", "opttree-compiled(nodes=32)"):
+        assert f"| `{method}` |" in summary, method
+    assert "FAILED" not in summary and "0 graphs compiled while timed" in summary

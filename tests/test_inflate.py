@@ -98,7 +98,8 @@ def test_named_sizes_and_explicit_shapes():
     (Shape(64, 600, 32, 8, 5), "hidden_size 64 < 96"),  # smaller than the source
     (Shape(512, 600, 32, 8, 2), "num_hidden_layers 2 < 3"),
     (Shape(512, 600, 32, 16, 5), "2 per group; the source's groups hold 3: give at least 48"),
-    (Shape(512, 600, 30, 8, 5), "must be a multiple of num_key_value_heads 8"),
+    (Shape(512, 600, 32, 6, 5), "must be a multiple of num_key_value_heads 6"),
+    (Shape(500, 600, 32, 8, 5), "hidden_size 500 must be a multiple of num_attention_heads 32"),
 ])
 def test_a_shape_that_cannot_hold_the_source_is_refused_by_name(shape, words):
     with pytest.raises(ValueError, match=words):

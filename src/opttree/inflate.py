@@ -112,6 +112,9 @@ def check_bigger(source: Shape, shape: Shape) -> None:
              if getattr(shape, k) < getattr(source, k)]
     if small:
         raise ValueError(f"inflate() makes a model bigger, not smaller: {'; '.join(small)} (the source's)")
+    if shape.hidden_size % shape.num_attention_heads:  # transformers' configs refuse it
+        raise ValueError(f"hidden_size {shape.hidden_size} must be a multiple of num_attention_heads "
+                         f"{shape.num_attention_heads}")
     if shape.num_attention_heads % shape.num_key_value_heads:
         raise ValueError(f"num_attention_heads {shape.num_attention_heads} must be a multiple of "
                          f"num_key_value_heads {shape.num_key_value_heads}")

@@ -93,7 +93,8 @@ def parser(prog: str = "python -m opttree.bench") -> argparse.ArgumentParser:
     tree.add_argument("--strategy", default=None, help=f"one of {', '.join(STRATEGIES)}")
     tree.add_argument("--verifier", default=None, help=f"one of {', '.join(VERIFIERS)}")
     tree.add_argument("--opttree", action="append", default=[], metavar="SPEC",
-                      help="one more opttree method with these settings, e.g. 'nodes=16,threshold=0.2' (repeatable)")
+                      help="one more opttree method with these settings, e.g. 'nodes=16,threshold=0.2' (repeatable); "
+                           "'compiled=1' in it: over the compiled path, as opttree-compiled")
     hf = p.add_argument_group("HF methods")
     hf.add_argument("--prompt-lookup", type=int, default=10, help="prompt_lookup_num_tokens")
     hf.add_argument("--assistant-tokens", type=int, default=None, help="num_assistant_tokens (HF default 20)")
@@ -107,6 +108,9 @@ def parser(prog: str = "python -m opttree.bench") -> argparse.ArgumentParser:
     run.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (auto: cuda if present)")
     run.add_argument("--threads", type=int, default=None, help="torch threads; default: torch's")
     run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--compile-backend", default="inductor", choices=("inductor", "eager"),
+                     help="torch.compile's backend for the -compiled methods (eager: the same graphs traced, no code "
+                          "generated: a quick dry run of a GPU job on a CPU)")
     run.add_argument("--out", default=None, help="output folder; default: bench-results/<UTC time>")
     run.add_argument("--quick", action="store_true",
                      help="a couple of minutes: 1 question per category, 16 new tokens, 1 warm-up; what you set yourself stays")
@@ -132,6 +136,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m opttree.bench") -
         _apply_quick(args, argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    from . import methods as bench_methods
+
+    bench_methods.COMPILE_BACKEND["backend"] = args.compile_backend
     torch.manual_seed(args.seed)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     dtype = DTYPES[args.dtype]

@@ -87,13 +87,17 @@ def greedy_kwargs(model, input_ids: torch.Tensor, max_new_tokens: int) -> dict:
     return kwargs
 
 
+COMPILE_BACKEND = {"backend": "inductor"}  # opttree bench --compile-backend: "eager" for a quick dry run
+
+
 def compiled_kwargs(target, max_cache_len: int) -> dict:
     """generate()'s arguments for its compiled path: a static cache of ``max_cache_len`` slots (one
     size for every prompt, so no length recompiles) and a ``compile_config`` that compiles on the
-    target's device, whatever it is."""
+    target's device, whatever it is (with :data:`COMPILE_BACKEND`'s backend)."""
     from transformers import CompileConfig, GenerationConfig
 
-    config = CompileConfig()
+    backend = COMPILE_BACKEND["backend"]
+    config = CompileConfig(backend=backend) if backend == "inductor" else CompileConfig(backend=backend, mode=None)
     config._compile_all_devices = target.device.type != "cuda"  # CUDA compiles by itself; elsewhere asked for
     kwargs = dict(cache_implementation="static", compile_config=config)
     if "max_cache_len" in GenerationConfig().to_dict():  # transformers that size a static cache up front
@@ -102,8 +106,9 @@ def compiled_kwargs(target, max_cache_len: int) -> dict:
 
 
 def _compiled_settings(kwargs: dict) -> dict:
+    config = kwargs["compile_config"]
     return {"cache": "static", "max_cache_len": kwargs.get("max_cache_len", "per call"),
-            "compile": f"compile_config (mode {kwargs['compile_config'].mode})"}
+            "compile": f"compile_config (backend {config.backend}, mode {config.mode})"}
 
 
 def _hf_method(name: str, target, settings: dict, uses_draft: bool = False, **extra) -> Method:
@@ -238,9 +243,13 @@ def make_methods(names, target, draft, *, tree: dict | None = None, extra_trees:
             raise ValueError(f"unknown method {name!r}; known: {', '.join(METHODS)}, assisted-fast, lookup-fast, "
                              "opttree-lookup, plain-compiled, assisted-compiled, opttree-compiled")
         methods.append(with_kernel(method, target, draft) if kernel else method)
-    for spec in extra_trees or []:
+    for spec in extra_trees or []:  # "compiled=1" in a spec: that tree over the compiled path
+        spec = dict(spec)
+        compiled = bool(spec.pop("compiled", 0))
         label = ",".join(f"{k}={v}" for k, v in spec.items())
-        methods.append(opttree_method(target, _need(draft, "opttree"), name=f"opttree({label})", **{**tree, **spec}))
+        name = f"opttree{COMPILED if compiled else ''}({label})"
+        extra = compiled_kwargs(target, max_cache_len) if compiled else None
+        methods.append(opttree_method(target, _need(draft, "opttree"), name=name, extra=extra, **{**tree, **spec}))
     return methods
 
 
