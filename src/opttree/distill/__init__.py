@@ -11,15 +11,9 @@ precision measured fastest on the machine (:mod:`.precision`), training resumabl
 :mod:`.coverage` measure agreement along an accepted path and the kept vocabulary.
 
 Training writes the runtime's formats and imports :mod:`opttree.loading` (the folders' files, the
-machine, the timing in turns); nothing of the runtime imports this package. What lived here before
-(``load_draft``, ``draft_dtype``, ``dtype_probe``, ``files``, ``machine``, ``turns``) still answers
-under its old path for one release, with a DeprecationWarning naming the new one.
+machine, the timing in turns); nothing of the runtime imports this package.
 """
 
-from ..loading.moved import moved_names
 from .model import init_draft
-
-__getattr__ = moved_names(__name__, "opttree.loading", ("load_draft",),
-                          also={"ReducedVocabHead": "opttree.loading.draft_model", "save_draft": "opttree.loading.draft_model"})
 
 __all__ = ["init_draft"]
