@@ -10,6 +10,9 @@ one of three sets.
   decoder-only model (beam-search and assisted-generation options, metadata), so there is nothing
   to honour.
 
+:data:`ADDED` holds the arguments opttree adds to generate(). ``opttree arguments`` prints all four as
+the page ``docs/arguments.md`` (:mod:`.contract_page`).
+
 The names are not typed from memory: :func:`generate_arguments` reads them from transformers itself
 (``GenerationConfig``'s fields, generate()'s signature and the keywords its body pops, and the model
 kwargs generate() accepts for a model), and ``tests/test_contract.py`` fails on any name that is in
@@ -36,7 +39,7 @@ from transformers.generation.utils import GenerationMixin
 from ..hf.kv_cache import check_cache
 from ..hf.validation import check_generation_mode
 
-__all__ = ["HONOURED", "NOT_APPLYING", "REFUSED", "Refusal", "check_dropped_arguments", "check_positions",
+__all__ = ["ADDED", "HONOURED", "NOT_APPLYING", "REFUSED", "Refusal", "check_dropped_arguments", "check_positions",
            "generate_arguments", "placement", "refused", "unplaced"]
 
 
@@ -117,8 +120,31 @@ def check_positions(position_ids: torch.Tensor | None, attention_mask: torch.Ten
 
 
 # ---------------------------------------------------------------------------------------------
-# the three sets
+# the arguments opttree adds, and the three sets
 
+
+ADDED: dict[str, str] = {
+    "draft_model": "what drafts: a small causal LM with the target's vocabulary, a draft folder (loaded with "
+                   "load_draft), \"prompt_lookup\" (n-grams of the text itself), or a Drafter; without it generate() "
+                   "is stock",
+    "nodes": "the tree's node budget: each step keeps the nodes of highest path probability p̂ (the root not "
+             "counted; 1 to 1024); \"auto\": the tree that maximises expected tokens per second, from this "
+             "target's and this draft's latencies timed on this machine",
+    "threshold": "δ: the tree grows one more layer while that raises E(A) = Σp̂ by more than δ; \"auto\": with "
+                 "nodes=\"auto\", a layer is drafted while its expected gain per second beats the current rate",
+    "max_depth": "the deepest layer ever drafted",
+    "strategy": "how the tree grows: \"opt\" (OPT-Tree), \"heap\" (the E(A)-optimal tree, DySpec's greedy "
+                "expansion), \"delayed\" (a short path, then a tree), \"chain\" (one path: classic speculative "
+                "decoding), \"static\" (static_tree=), \"sampled\" (children drawn from the draft)",
+    "verifier": "how the target accepts drafted tokens: \"match\" (its own token at each node, greedy or "
+                "sampled), \"rrs\" (recursive rejection sampling), \"traversal\" (Traversal Verification); "
+                "all lossless",
+    "static_tree": "for strategy=\"static\": the tree as root-to-node paths of sibling ranks, e.g. "
+                   "((0,), (1,), (0, 0)); EAGLE- and Sequoia-style trees in opttree.tree.static_trees",
+    "generator": "a torch.Generator that seeds sampling, for reproducible draws",
+}
+# With neither nodes nor threshold, generate() runs nodes="auto", threshold="auto" where it can; an argument
+# left out next to one given takes TreeConfig's default (integration/defaults.py).
 
 BEAM_ONLY = "a beam-search option: it takes effect only with num_beams > 1, which opttree refuses by name"
 ASSISTED_ONLY = ("an option of HF's assisted generation: it takes effect only with assistant_model= (or "
