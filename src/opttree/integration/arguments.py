@@ -77,7 +77,7 @@ def check_embeds(inputs_embeds: torch.Tensor | None, input_ids: torch.Tensor) ->
 
 
 # ---------------------------------------------------------------------------------------------
-# before generate(): what it would drop
+# before generate(): the stop-string criterion, made while the tokenizer is still there
 
 
 def stop_strings_criterion(model, kwargs: dict) -> None:
