@@ -111,7 +111,8 @@ def heads_agreement_by_category(heads: list, target, answers: list[dict], depths
     depth given the path so far was accepted, and a chain's τ: :mod:`opttree.distill.depths`)."""
     from opttree.distill.depths import DepthCounts, depth_counts
     from opttree.distill.features import features_of
-    from opttree.distill.head_train import make_batch, pick_layers, unrolled
+    from opttree.distill.head_data import make_batch, pick_layers
+    from opttree.distill.head_loss import unrolled
 
     layers = tuple(sorted({i for h in heads for i in h.c.feature_layers if i != -1})) + (-1,)
     results = [defaultdict(lambda: [[0, 0] for _ in range(depths)]) for _ in heads]

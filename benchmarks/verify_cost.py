@@ -16,7 +16,7 @@ behind the stream T(n) stays flat. This prints, from ONE run (so the same load):
   one graph per size; ``--freezing`` adds Inductor's freezing for that compile), the first call's
   compile time per size and T(rows) after it; run it again for what a warm on-disk cache
   (Inductor's FX graph cache) brings the first call down to;
-* T(16) / T(1) and T(1) / stream time, the issue's two figures.
+* T(16) / T(1) (how flat verification is) and T(1) / stream time (how close one row is to reading the weights once).
 
     .venv/bin/python benchmarks/verify_cost.py --threads 2                 # SmolLM2-135M, float32
     .venv/bin/python benchmarks/verify_cost.py --random-weights --compile  # its shapes, random weights

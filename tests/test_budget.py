@@ -47,25 +47,34 @@ def step(tree_size=8, verify=0.1, layers=(), root=0.0):
 # the modules: the budget's names each have one home: plan (the seam), latency or calibration
 
 
-OLD_NAMES = ['AUTO_MAX_NODES', 'AffineFit', 'AutoPolicy', 'BudgetPolicy', 'CALIBRATION_PREFIX', 'CALIBRATION_VERSION',
+BUDGET_NAMES = ['AUTO_MAX_NODES', 'AffineFit', 'AutoPolicy', 'BudgetPolicy', 'CALIBRATION_PREFIX', 'CALIBRATION_VERSION',
              'DRAFT_WIDTHS', 'FixedPolicy', 'LatencyModel', 'LatencyTable', 'LayerState', 'MIN_CALIBRATION_PREFIX',
-             'MIN_WIDTH', 'REFRESH', 'REPEATS', 'SIZE_REFRESH', 'START_SIZE', 'StepPlan', 'VERIFY_SIZES',
+             'MIN_WIDTH', 'REFRESH', 'REPEATS', 'SIZE_REFRESH', 'START_SIZE', 'StepPlan', 'VERIFY_NODES',
              'WIDTH_PER_NODE', 'best_choice', 'best_size', 'cache_dir', 'cache_mode', 'calibrate', 'calibration_key',
              'calibration_prefix', 'clear_calibrations', 'drafter_fingerprint', 'expected_speed', 'from_json',
              'known_latency', 'layer_pays', 'layer_width', 'lower_envelope', 'make_policy', 'measure',
              'measure_drafter', 'measure_verify', 'model_fingerprint', 'next_layer_guess', 'read_cached', 'to_json',
-             'write_cached']  # every public name of the budget before it was split
-NEW_NAMES = ['policy_maker']  # added since: one policy per batch row
+             'policy_maker', 'write_cached']  # every public name of the budget
 
 
 def test_every_budget_name_has_one_home():
     from opttree.tree import plan
 
-    for name in OLD_NAMES + NEW_NAMES:
+    for name in BUDGET_NAMES:
         homes = [m for m in (plan, latency_module, calibration) if name in m.__all__]
         assert len(homes) == 1, name  # offered by exactly one module
         assert getattr(getattr(homes[0], name), "__module__", homes[0].__name__) == homes[0].__name__  # defined there
     assert sorted(plan.__all__) == ["BudgetPolicy", "FixedPolicy", "LayerState", "StepPlan"]
+
+
+def test_the_budget_names_node_counts_apart_from_rows():
+    """Calibration times node counts (VERIFY_NODES); a forward's rows (the root too) are tree.sizes.VERIFY_SIZES:
+    two units, two names, and the budget exports only its own."""
+    from opttree.tree.sizes import VERIFY_SIZES
+
+    assert "VERIFY_SIZES" not in calibration.__all__ and not hasattr(calibration, "SIZES")
+    assert all(n + 1 in VERIFY_SIZES for n in calibration.VERIFY_NODES)  # each fills a verification size
+    assert calibration.VERIFY_NODES[0] == 0 and calibration.VERIFY_NODES[-1] == calibration.AUTO_MAX_NODES
 
 
 def test_the_plan_seam_imports_nothing_heavy():
@@ -467,7 +476,7 @@ def test_calibration_is_written_reused_and_invalidated_on_disk(pair, tmp_path, c
     assert len(count_measures) == 1 and len(files) == 1
     data = json.loads(files[0].read_text())
     assert data["key"]["target"]["class"] == "LlamaForCausalLM" and data["key"]["threads"] == torch.get_num_threads()
-    assert first.layer is not None and len(first.verify.seconds) == len(calibration.VERIFY_SIZES)
+    assert first.layer is not None and len(first.verify.seconds) == len(calibration.VERIFY_NODES)
     assert calibration.calibrate(target, drafter, new_drafter, folder=tmp_path, mode="on") is first  # memory
 
     calibration.clear_calibrations()  # a new process: read from disk, nothing measured

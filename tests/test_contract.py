@@ -7,7 +7,9 @@ opttree refuses."""
 from __future__ import annotations
 
 import copy
+import importlib
 import inspect
+import traceback
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -95,7 +97,10 @@ def test_a_name_placed_twice_is_reported(monkeypatch):
 
 def test_every_refusal_names_its_fix_and_how_it_is_checked():
     for name, refusal in REFUSED.items():
-        assert refusal.fix and (refusal.checked_by or refusal.refuses is not None), name
+        assert refusal.fix and refusal.refuses is not None, name
+        for check in refusal.checked_by:  # each resolves: an opttree module's function, under its own name there
+            module = importlib.import_module(check.__module__)
+            assert module.__name__.startswith("opttree.") and getattr(module, check.__name__) is check, (name, check)
         if refusal.example is not None:
             assert refusal.refuses(refusal.example), name
 
@@ -154,6 +159,29 @@ def test_each_refused_value_is_refused_by_name_before_any_forward(name, family):
                 run(input_ids=prompt(), max_new_tokens=4, do_sample=False, **kw)
         assert name in str(error.value), (way, str(error.value))
         assert calls == [], way
+
+
+CONTEXT_EXAMPLES = {  # refusals whose check reads more than the value: a value they refuse
+    "synced_gpus": lambda target: True,
+    "position_ids": lambda target: torch.arange(6)[None] + 5,
+}
+
+
+@pytest.mark.parametrize("name", sorted(set(EXAMPLES) | set(CONTEXT_EXAMPLES)))
+def test_each_refusal_is_raised_inside_the_checks_it_names(name):
+    """``checked_by`` is where the error comes from; a refusal that names none is refused by the value
+    check of every call (arguments.check_call and the model kwargs it checks)."""
+    from opttree.integration import arguments
+
+    target, draft = tiny_model("gpt2"), tiny_model("gpt2", seed=1)  # gpt2 takes cross-attention inputs: opttree refuses them
+    makers = {**TENSOR_EXAMPLES, **CONTEXT_EXAMPLES}
+    example = makers[name](target) if name in makers else REFUSED[name].example
+    with pytest.raises((ValueError, NotImplementedError, TypeError)) as error:
+        ways(target, draft)["draft_model"](input_ids=prompt(), max_new_tokens=4, do_sample=False,
+                                           **{name: example, **EXTRA.get(name, {})})
+    raised_in = {frame.f_code for frame, _ in traceback.walk_tb(error.tb)}
+    checks = REFUSED[name].checked_by or (arguments.check_call, arguments.check_model_kwargs)
+    assert raised_in & {check.__code__ for check in checks}, (name, str(error.value))
 
 
 def test_refused_options_are_stock_generate_s_without_a_draft():

@@ -64,7 +64,7 @@ def test_distill_head_end_to_end(tmp_path):
 
 
 def test_answer_positions_are_found_and_scored():
-    from opttree.distill.head_train import answer_start, chunks
+    from opttree.distill.head_data import answer_start, chunks
 
     marker = [7, 8]
     ids = torch.tensor([1, 7, 8, 4, 5, 7, 8, 20, 21, 22])  # the answer starts after the LAST marker

@@ -141,6 +141,20 @@ def test_recipe_typos_and_missing_layers_are_errors(tmp_path):
                       "stage": [{"name": "s", "feature_layers": [2, -1]}]}, tmp_path)
 
 
+def test_a_stage_starts_from_the_one_before_a_named_folder_or_nothing(tmp_path):
+    """The init rule both runners (recipe_run, resident) take from opttree.distill.stages."""
+    from opttree.distill.stages import stage_init
+
+    recipe = parse_recipe({"source": [{"name": "a", "kind": "teacher", "count": 1}],
+                           "stage": [{"name": "s"}, {"name": "t", "init": "^"}, {"name": "u", "init": "heads/old"}]},
+                          tmp_path)
+    new, chained, named = recipe.stages
+    assert stage_init(recipe, new, tmp_path / "before") is None
+    assert stage_init(recipe, chained, tmp_path / "s") == tmp_path / "s"
+    assert stage_init(recipe, chained, None) is None  # the first stage has none before it
+    assert stage_init(recipe, named, tmp_path / "t") == tmp_path / "heads" / "old"
+
+
 @pytest.mark.parametrize("name", ["recipe.toml", "ablation-cpu.toml", "round-cpu.toml", "ablation34-cpu.toml",
                                   "round-gpu.toml"])
 def test_shipped_recipes_parse(name):

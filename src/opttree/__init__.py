@@ -2,7 +2,7 @@
 
 The folders, top down: ``integration/`` (the face: the ways into generate()), ``loop/`` (the decoding
 loop) and ``loading/`` (a draft folder made ready), ``drafters/``, ``budget/`` and ``verify/`` below
-them, ``tree/`` and ``hf/`` at the ground; ``tools/``, ``distill/`` (training) and ``bench/`` apart.
+them, ``tree/``, ``hf/`` and ``kernels/`` at the ground; ``tools/``, ``distill/`` (training) and ``bench/`` apart.
 DESIGN.md has the map.
 """
 

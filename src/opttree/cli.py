@@ -1,4 +1,5 @@
-"""The ``opttree`` command (also ``python -m opttree``): ``opttree distill ...`` and ``opttree bench ...``."""
+"""The ``opttree`` command (also ``python -m opttree``): ``opttree distill ...``, ``opttree bench ...`` and
+``opttree arguments``."""
 
 from __future__ import annotations
 
@@ -8,13 +9,15 @@ import sys
 COMMANDS = {
     "distill": ("opttree.distill.cli", "train a same-vocabulary draft for a target (hours on a CPU; see --help)"),
     "bench": ("opttree.bench.cli", "Spec-Bench side by side with plain generate() and HF assisted generation"),
+    "arguments": ("opttree.integration.contract_page",
+                  "generate()'s arguments with a draft: honoured, refused, not applying (docs/arguments.md)"),
 }
 
 
 def usage() -> str:
-    lines = ["usage: opttree {distill,bench} [options]   (opttree COMMAND --help for its options)",
+    lines = [f"usage: opttree {{{','.join(COMMANDS)}}} [options]   (opttree COMMAND --help for its options)",
              "       opttree --version", ""]
-    lines += [f"  {name:8s} {help_text}" for name, (_, help_text) in COMMANDS.items()]
+    lines += [f"  {name:9s} {help_text}" for name, (_, help_text) in COMMANDS.items()]
     return "\n".join(lines)
 
 

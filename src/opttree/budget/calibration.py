@@ -37,15 +37,14 @@ from ..tree.draft_tree import DraftTree
 from ..tree.masks import verification_inputs
 from ..tree.plan import BudgetPolicy, FixedPolicy
 from .calibration_file import parse_document, parse_latency, read_keyed_file
-from ..tree.sizes import VERIFY_SIZES as SIZES
-from ..tree.sizes import padded_size
+from ..tree.sizes import VERIFY_SIZES, padded_size
 from .latency import AUTO_MAX_NODES, AutoPolicy, LatencyModel, LatencyTable
 
 logger = logging.getLogger(__name__)
 
-# tree sizes timed at calibration: the node counts that fill each verification size (tree.sizes: the
-# root and n nodes padded to the next size), up to AUTO_MAX_NODES; T is a step between them
-VERIFY_SIZES = tuple(rows - 1 for rows in SIZES if rows - 1 <= AUTO_MAX_NODES)
+# tree sizes timed at calibration, in nodes: the node counts that fill each verification size (rows,
+# tree.sizes.VERIFY_SIZES: the root and n nodes), up to AUTO_MAX_NODES; T is a step between them
+VERIFY_NODES = tuple(rows - 1 for rows in VERIFY_SIZES if rows - 1 <= AUTO_MAX_NODES)
 DRAFT_WIDTHS = (1, 2, 4, 8, 16, 32)  # layer widths timed at calibration
 CALIBRATION_PREFIX = 256  # committed tokens under the timed forwards (a chat prompt and some answer)
 MIN_CALIBRATION_PREFIX = 16  # a shorter context cannot be calibrated: "auto" is refused
@@ -114,7 +113,7 @@ def calibration_key(target, drafter, prefix: int = CALIBRATION_PREFIX) -> dict:
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "linear": linears.mode(),  # the few-row linears' kernel (kernels.linears): auto or a fixed one
-        "verify_sizes": list(VERIFY_SIZES),
+        "verify_nodes": list(VERIFY_NODES),
         "draft_widths": list(DRAFT_WIDTHS),
         "prefix": prefix,
     }
@@ -191,7 +190,7 @@ def _median(xs) -> float:
     return xs[len(xs) // 2]
 
 
-def measure_verify(target, sizes=VERIFY_SIZES, prefix: int = CALIBRATION_PREFIX,
+def measure_verify(target, sizes=VERIFY_NODES, prefix: int = CALIBRATION_PREFIX,
                    repeats: int = REPEATS) -> tuple[float, ...]:
     """T(n) for each n in ``sizes``: one target forward over a root and n tree nodes (children of
     the root) on a ``prefix``-token cache, cropped back after each. The sizes take turns within
@@ -277,7 +276,7 @@ def measure(target, new_drafter: Callable[[], object] | None, prefix: int = CALI
     ``new_drafter()`` (without one, or if timing it fails, the draft cost is learnt from the steps)."""
     from ..hf.validation import vocab_size
 
-    verify = LatencyTable(VERIFY_SIZES, measure_verify(target, prefix=prefix))  # as measured: the model picks padding
+    verify = LatencyTable(VERIFY_NODES, measure_verify(target, prefix=prefix))  # as measured: the model picks padding
     latency = LatencyModel(verify=verify)
     if new_drafter is not None:
         try:
@@ -332,7 +331,7 @@ def calibrate(target, drafter=None, new_drafter: Callable[[], object] | None = N
         return latency
 
 
-_ROOM = max(max(VERIFY_SIZES), max(DRAFT_WIDTHS)) + (REPEATS + 1) * len(DRAFT_WIDTHS) + 2  # tokens past the prefix
+_ROOM = max(max(VERIFY_NODES), max(DRAFT_WIDTHS)) + (REPEATS + 1) * len(DRAFT_WIDTHS) + 2  # tokens past the prefix
 
 
 def calibration_prefix(target, drafter=None) -> int | None:
@@ -362,7 +361,7 @@ def make_policy(config: TreeConfig, target, drafter=None, new_drafter: Callable[
 
 
 __all__ = ["CALIBRATION_PREFIX", "CALIBRATION_VERSION", "DRAFT_WIDTHS", "MIN_CALIBRATION_PREFIX", "REPEATS",
-           "VERIFY_SIZES", "cache_dir", "cache_mode", "calibrate", "calibration_key", "calibration_prefix",
+           "VERIFY_NODES", "cache_dir", "cache_mode", "calibrate", "calibration_key", "calibration_prefix",
            "clear_calibrations", "drafter_fingerprint", "from_json", "known_latency", "lower_envelope", "make_policy", "policy_maker",
            "measure", "measure_drafter", "measure_verify", "model_fingerprint", "read_cached", "to_json",
            "write_cached"]

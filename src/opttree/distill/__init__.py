@@ -7,19 +7,14 @@ logits, cached and resumable) → :mod:`.features` (the target's hidden states, 
 :mod:`.model`) → a draft folder, which :func:`opttree.load_draft` loads. :mod:`.recipe` /
 :mod:`.recipe_run`: the whole of it from one recipe file (``opttree distill --recipe``), in the
 precision measured fastest on the machine (:mod:`.precision`), training resumable by optimizer step
-(:mod:`.checkpoint`). Cache shards are safetensors (:mod:`.shards`); :mod:`.depths` and
+(:mod:`.checkpoint`); :mod:`.resident`: a round in one process on a GPU, against a clock; both train
+their stages through :mod:`.stages`. Cache shards are safetensors (:mod:`.shards`); :mod:`.depths` and
 :mod:`.coverage` measure agreement along an accepted path and the kept vocabulary.
 
 Training writes the runtime's formats and imports :mod:`opttree.loading` (the folders' files, the
-machine, the timing in turns); nothing of the runtime imports this package. What lived here before
-(``load_draft``, ``draft_dtype``, ``dtype_probe``, ``files``, ``machine``, ``turns``) still answers
-under its old path for one release, with a DeprecationWarning naming the new one.
+machine, the timing in turns); nothing of the runtime imports this package.
 """
 
-from ..loading.moved import moved_names
 from .model import init_draft
-
-__getattr__ = moved_names(__name__, "opttree.loading", ("load_draft",),
-                          also={"ReducedVocabHead": "opttree.loading.draft_model", "save_draft": "opttree.loading.draft_model"})
 
 __all__ = ["init_draft"]

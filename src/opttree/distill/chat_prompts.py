@@ -1,7 +1,7 @@
 """Chat prompts of the 13 kinds of task Spec-Bench asks, written from seed topics (never its text).
 
-Round 1 of issue 26 spent two thirds of the target's forwards on teacher-forced documents and
-gained only on text like them. This source asks what chat users ask, one kind in turn:
+A head trained mostly on teacher-forced documents gains only on text like them; this source asks
+what chat users ask, one kind in turn:
 
 writing, roleplay, reasoning, math, coding, extraction, STEM, humanities, translation,
 summarization, QA, math reasoning and retrieval-augmented answers (RAG).

@@ -12,7 +12,6 @@ import torch
 
 from ..drafters.feature_head import FeatureHead, HeadConfig
 from ..loading import files, head_file
-from ..loading.moved import moved_names
 
 
 def new_head(target, token_ids: torch.Tensor | None = None, init_layer: int | None = None,
@@ -119,10 +118,5 @@ def grown(head: FeatureHead, meta: head_file.HeadMeta, target, num_layers: int,
             layer.mlp.down_proj.weight.zero_()
     return big.to(head.device).train(head.training), replace(meta, config=new_c.to_dict())
 
-
-# names that lived here before the runtime's loading moved to opttree.loading (one release)
-__getattr__ = moved_names(__name__, "opttree.loading.head_file", (
-    "CONFIG_KINDS", "HEAD_FORMAT", "HeadMeta", "META_KINDS", "is_head", "load_head", "output_rows", "read_head_meta",
-    "save_head"))
 
 __all__ = ["continued_head", "grown", "new_head", "widened", "with_trained_rows"]

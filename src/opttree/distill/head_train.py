@@ -38,13 +38,12 @@ import torch
 from torch import nn
 
 from ..drafters.feature_head import FeatureHead
-from .head_data import (FeatureBatch, answer_start, chunks, make_batch, pick_layers,  # noqa: F401
-                        pieces, token_batches)
+from .head_data import FeatureBatch, chunks, make_batch, pieces, token_batches
 from .checkpoint import (TrainState, capture_rng, load_optimizer_tensors, load_train_state, optimizer_tensors,
                          restore_rng, rng_from_json, rng_to_json, save_train_state)
 from ..loading.head_file import HeadMeta, save_head
 from .head import continued_head, grown, new_head, widened, with_trained_rows
-from .head_loss import kept_index, pass_loss, shifted, unroll_mask, unrolled  # noqa: F401 (their old home)
+from .head_loss import kept_index, pass_loss, unrolled
 from .shards import sha256
 from .train import kept_tokens, lr_at, ranked_tokens, split_records
 

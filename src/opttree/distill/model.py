@@ -8,7 +8,6 @@ from __future__ import annotations
 import torch
 
 from ..loading import draft_model, files
-from ..loading.moved import moved_names
 
 
 def init_draft(target, init_layers: list[int], token_ids: torch.Tensor):
@@ -25,10 +24,5 @@ def init_draft(target, init_layers: list[int], token_ids: torch.Tensor):
     draft.model.norm.load_state_dict(target.model.norm.state_dict())
     return draft, meta
 
-
-# names that lived here before the runtime's loading moved to opttree.loading (one release)
-__getattr__ = moved_names(__name__, "opttree.loading.draft_model", (
-    "FORMAT", "META_FILE", "META_KINDS", "WEIGHTS_FILE", "DraftMeta", "ReducedVocabHead", "build_draft", "draft_config",
-    "save_draft", "trainable_state"), also={"load_draft": "opttree.loading"})
 
 __all__ = ["init_draft"]

@@ -13,9 +13,8 @@ shapes the round will use and picks the faster one per stage:
 
 Each stage is scouted first at ``SCOUT_TOKENS`` positions (one warm-up and one timed call per
 precision): a precision ``SCOUT_MARGIN`` times slower there than another is not timed at the full
-shape. Without the scout, the full probe's three calls of a bf16 training step on an AVX2-only CPU
-(54.7 s each; bf16 linears 4-100x slower than float32) made the probe take 3.4 minutes, where
-the decision needs seconds (about 40 s with the scout).
+shape, so a precision that is far slower (bf16 on an AVX2-only CPU, where its linears fall back to
+a slow path) costs the probe seconds, not the minutes of three full-shape calls.
 
 The choice is kept in ``<cache>/precision.json`` with the machine it was measured on, so a round
 that resumes on the same machine keeps its precision (a flip caused by timing noise would start

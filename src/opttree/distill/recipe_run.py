@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import logging
-import shutil
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -26,6 +25,7 @@ import torch
 from .precision import PrecisionChoice
 from .recipe import Recipe, Source, Stage, fingerprint
 from .shards import load_records, save_records, sha256, shard_name, shard_paths
+from .stages import ship_head, stage_init, train_stage
 
 logger = logging.getLogger("opttree.distill")
 STAGE_FILE = "stage.json"
@@ -137,19 +137,11 @@ def run_stage(recipe: Recipe, stage: Stage, records: list[dict], target, tokeniz
               init: Path | None, fp: str, init_label: str | None = None,
               precision: PrecisionChoice | None = None) -> dict:
     """Train one stage into ``folder`` (resumed from its checkpoint there) and write its ``stage.json``."""
-    from .data import eos_ids
-    from .features import answer_marker
-    from .head_train import train_head
-
     cfg = recipe.train_config(stage)
     if precision is not None:
         cfg = replace(cfg, bf16=precision.train == "bf16")
-    result = train_head(target, records, folder, cfg, sorted(eos_ids(target, tokenizer)),
-                        answer_marker=answer_marker(tokenizer), init=init, checkpoint_dir=folder)
     summary = {"fingerprint": fp, "complete": True, "precision": "bf16" if cfg.bf16 else "fp32",
-               "val_agreement_by_depth": result.val_agreement,
-               "initial_agreement_by_depth": result.initial_agreement, "steps": result.steps,
-               "seconds": round(result.seconds, 1), "train_tokens": result.train_tokens,
+               **train_stage(target, tokenizer, records, folder, cfg, init, checkpoint_dir=folder),
                "init": init_label}  # as the recipe names it: no machine's paths in the manifest
     (folder / STAGE_FILE).write_text(json.dumps(summary, indent=2) + "\n")
     return summary
@@ -237,7 +229,7 @@ def run_recipe(recipe: Recipe, cache: str | Path, out: str | Path | None, device
     previous, previous_fp = None, ""
     for stage in recipe.stages:
         folder = cache / "stages" / stage.name
-        init = previous if stage.init == "^" else (recipe.base / stage.init if stage.init else None)
+        init = stage_init(recipe, stage, previous)
         init_fp = previous_fp if stage.init == "^" else stage.init
         fp = stage_fingerprint(recipe, stage, init_fp)
         if stage_done(folder, fp):
@@ -256,9 +248,7 @@ def run_recipe(recipe: Recipe, cache: str | Path, out: str | Path | None, device
     _write(cache, manifest)
     if out is not None:
         out = Path(out)
-        out.mkdir(parents=True, exist_ok=True)
-        for name in ("model.safetensors", "opttree_draft.json", "training.json"):  # not the checkpoint
-            shutil.copy2(previous / name, out / name)
+        ship_head(previous, out)
         (out / "data_manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
 

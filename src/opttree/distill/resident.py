@@ -1,5 +1,5 @@
 """A whole distillation round in ONE process with everything kept on the device: the round a lent
-GPU runs inside its minutes (``python -m opttree.distill.resident``; issue 34).
+GPU runs inside its minutes (``python -m opttree.distill.resident``).
 
 What :mod:`.recipe_run` does in resumable steps through files, this does in memory, against a
 clock, in the order a short-lived machine needs:
@@ -9,7 +9,7 @@ clock, in the order a short-lived machine needs:
 2. one batched teacher-forced forward per ``feature_tokens`` positions gives every text's features
    (the recipe's ``[features] layers``) and top-k labels, kept on the device as records
    (:mod:`.features`' layout) that :func:`~.head_train.make_batch` collates where they lie;
-3. each recipe stage trains a head (:func:`~.head_train.train_head`) in the time left, its cosine
+3. each recipe stage trains a head (:func:`~.stages.train_stage`) in the time left, its cosine
    schedule fitted to it (``max_minutes``), the validation texts the same for every stage;
 4. only the head's files are written (``--out``), with ``round.json``: each step's seconds,
    tokens and rates, the machine, and the validation agreement by depth.
@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 from .recipe import Recipe, Source, load_recipe
+from .stages import ship_head, stage_init, train_stage
 
 logger = logging.getLogger("opttree.distill")
 
@@ -160,9 +161,6 @@ def machine_of(device: str) -> str:
 def run_round(recipe: Recipe, out: str | Path, device: str, budget: Budget, prompts_file: Path | None = None,
               feature_tokens: int = 16384) -> Timings:
     """The round (module doc); returns its :class:`Timings` (also in ``out/round.json``)."""
-    from .data import eos_ids
-    from .features import answer_marker
-    from .head_train import train_head
     from .recipe_run import load_recipe_target
     from .train import split_records
 
@@ -195,19 +193,11 @@ def run_round(recipe: Recipe, out: str | Path, device: str, budget: Budget, prom
         if stage.minutes is not None:
             minutes = min(minutes, stage.minutes)
         cfg = replace(recipe.train_config(stage), max_minutes=minutes, checkpoint_every=0)
-        init = previous if stage.init == "^" else (recipe.base / stage.init if stage.init else None)
         folder = work / stage.name
-        t = time.time()
-        result = train_head(target, train, folder, cfg, sorted(eos_ids(target, tokenizer)),
-                            answer_marker=answer_marker(tokenizer), init=init, val_records=val)
-        timings.stages[stage.name] = {"seconds": round(time.time() - t, 1), "steps": result.steps,
-                                      "minutes_given": round(minutes, 2), "train_tokens": result.train_tokens,
-                                      "val_agreement_by_depth": [round(a, 4) for a in result.val_agreement],
-                                      "initial_agreement_by_depth": [round(a, 4) for a in result.initial_agreement]}
+        summary = train_stage(target, tokenizer, train, folder, cfg, stage_init(recipe, stage, previous), val_records=val)
+        timings.stages[stage.name] = {**summary, "minutes_given": round(minutes, 2)}
         previous = folder
-    out.mkdir(parents=True, exist_ok=True)
-    for name in ("model.safetensors", "opttree_draft.json", "training.json"):
-        shutil.copy2(previous / name, out / name)
+    ship_head(previous, out)
     shutil.rmtree(work, ignore_errors=True)
     timings.total_s = round(time.time() - start, 1)
     report = {"recipe": recipe.name, **asdict(timings), "rates": timings.rates()}

@@ -2,7 +2,7 @@
 
 After a tree forward the cache holds the committed prefix and then one slot per tree token.
 :func:`keep_slots` moves the slots of the accepted path right behind the prefix and drops the
-rest, in place (no copy of the prefix, ~1 ms). ``Cache.crop`` takes a NEGATIVE count in
+rest, in place (no copy of the prefix). ``Cache.crop`` takes a NEGATIVE count in
 transformers 5.x.
 
 Two kinds of cache are rewritten: a ``DynamicCache`` (it grows; the rest is cropped) and a

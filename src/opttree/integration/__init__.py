@@ -5,7 +5,9 @@
   ``custom_generate/`` folder). Each runs generate()'s own preparation, then one decode of the loop.
 * :mod:`.defaults`: what generate() does with the tree arguments left out (``"auto"`` where it can).
 * :mod:`.contract`: every argument plain generate() takes, read from transformers, honoured, refused by
-  name, or documented as not applying; :mod:`.arguments` enforces the refusals before any forward.
+  name, or documented as not applying, and the arguments opttree adds; :mod:`.arguments` enforces the
+  refusals before any forward; :mod:`.contract_page` writes it all as ``docs/arguments.md``
+  (``opttree arguments``).
 
 The top floor: it may import any other folder of opttree (the loop, the drafters, the budget, verify,
 tree, hf); nothing below imports it.

@@ -6,9 +6,10 @@ Two moments:
 
 - :func:`check_call`, inside the callable (every entry point): generate()'s prepared config, model
   kwargs and logits processors.
-- :func:`check_dropped_arguments` and :func:`stop_strings_criterion`, before generate() runs (the
-  ``draft_model=`` entry points, :class:`~opttree.SpeculativeGenerator`, ``hub_generate``): generate()
-  hands a callable neither ``tokenizer=`` nor ``assistant_model=`` nor ``synced_gpus=``, and runs
+- :func:`~.contract.check_dropped_arguments` (written beside the refusals it reads, and handed on
+  here) and :func:`stop_strings_criterion`, before generate() runs (the ``draft_model=`` entry
+  points, :class:`~opttree.SpeculativeGenerator`, ``hub_generate``): generate() hands a callable
+  neither ``tokenizer=`` nor ``assistant_model=`` nor ``synced_gpus=``, and runs
   ``cache_implementation="paged"`` without it.
 """
 
@@ -18,7 +19,8 @@ import copy
 
 import torch
 
-from .contract import HONOURED, NO_DRAFT, NOT_APPLYING, REFUSED, Refusal
+from .contract import (HONOURED, NO_DRAFT, NOT_APPLYING, REFUSED, check_dropped_arguments, check_positions, refused,
+                       requested)
 
 #: stock processors that keep state across calls (one call per generated token): tree nodes would corrupt it
 STATEFUL_PROCESSORS = {
@@ -28,22 +30,11 @@ STATEFUL_PROCESSORS = {
 }
 
 
-def _short(value) -> str:
-    if isinstance(value, torch.Tensor):
-        return f"<tensor {list(value.shape)}>"
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def refused(name: str, value, refusal: Refusal) -> ValueError:
-    return ValueError(f"{name}={_short(value)}: {refusal.fix}")
-
-
 def check_call(generation_config, model_kwargs: dict, logits_processor, input_ids: torch.Tensor) -> None:
     """Refuse, by name, any argument of this call that opttree cannot honour (:data:`.contract.REFUSED`
     whose values it checks itself, and model inputs the contract does not place)."""
     for name, refusal in REFUSED.items():
-        if refusal.checked_by is None and hasattr(generation_config, name):
+        if not refusal.checked_by and hasattr(generation_config, name):
             value = getattr(generation_config, name)
             if refusal.refuses(value):
                 raise refused(name, value, refusal)
@@ -64,31 +55,13 @@ def check_model_kwargs(model_kwargs: dict, input_ids: torch.Tensor) -> None:
             continue
         if name in REFUSED:
             refusal = REFUSED[name]
-            if refusal.checked_by is None and refusal.refuses(value):
+            if not refusal.checked_by and refusal.refuses(value):
                 raise refused(name, value, refusal)
         elif name not in HONOURED and name not in NOT_APPLYING:
             raise ValueError(f"{name}=: opttree's forwards do not pass this model input on, so the output could "
                              f"differ from generate()'s; drop it, or {NO_DRAFT}")
     check_positions(model_kwargs.get("position_ids"), model_kwargs.get("attention_mask"), input_ids)
     check_embeds(model_kwargs.get("inputs_embeds"), input_ids)
-
-
-def default_positions(attention_mask: torch.Tensor | None, input_ids: torch.Tensor) -> torch.Tensor:
-    """[B, T] long: the positions generate() derives when none are given (padding at 0)."""
-    if attention_mask is None:
-        return torch.arange(input_ids.shape[1], device=input_ids.device)[None, :].expand(input_ids.shape[0], -1)
-    positions = attention_mask.long().cumsum(-1) - 1
-    return positions.masked_fill(attention_mask == 0, 0)
-
-
-def check_positions(position_ids: torch.Tensor | None, attention_mask: torch.Tensor | None,
-                    input_ids: torch.Tensor) -> None:
-    """generate() fills position_ids from the mask when none are given; other ones are refused."""
-    if position_ids is None or input_ids.shape[1] == 0:
-        return
-    expected = default_positions(attention_mask, input_ids).to(position_ids.device)
-    if position_ids.shape != expected.shape or not torch.equal(position_ids.long(), expected):
-        raise refused("position_ids", position_ids, REFUSED["position_ids"])
 
 
 def check_embeds(inputs_embeds: torch.Tensor | None, input_ids: torch.Tensor) -> None:
@@ -104,30 +77,7 @@ def check_embeds(inputs_embeds: torch.Tensor | None, input_ids: torch.Tensor) ->
 
 
 # ---------------------------------------------------------------------------------------------
-# before generate(): what it would drop
-
-
-def requested(model, kwargs: dict, name: str):
-    """The value of generation option ``name`` a call to ``model.generate(**kwargs)`` runs with:
-    its keyword, else its generation_config='s, else the model's own generation_config's."""
-    if kwargs.get(name) is not None:
-        return kwargs[name]
-    given = kwargs.get("generation_config")
-    if given is not None and getattr(given, name, None) is not None:
-        return getattr(given, name)
-    return getattr(model.generation_config, name, None)
-
-
-def check_dropped_arguments(model, kwargs: dict) -> None:
-    """Refuse what generate() would silently drop or route around a custom_generate callable."""
-    for name in ("assistant_model", "synced_gpus"):
-        if REFUSED[name].refuses(kwargs.get(name)):
-            raise refused(name, kwargs[name], REFUSED[name])
-    if requested(model, kwargs, "token_healing"):
-        raise refused("token_healing", True, REFUSED["token_healing"])
-    implementation = requested(model, kwargs, "cache_implementation")  # before generate() builds the cache
-    if REFUSED["cache_implementation"].refuses(implementation):  # ("paged": it would hand it to generate_batch())
-        raise refused("cache_implementation", implementation, REFUSED["cache_implementation"])
+# before generate(): the stop-string criterion, made while the tokenizer is still there
 
 
 def stop_strings_criterion(model, kwargs: dict) -> None:
@@ -151,3 +101,7 @@ def stop_strings_criterion(model, kwargs: dict) -> None:
         kwargs.pop("stop_strings", None)
     else:
         kwargs["stop_strings"] = None
+
+
+__all__ = ["STATEFUL_PROCESSORS", "check_call", "check_dropped_arguments", "check_embeds", "check_model_kwargs",
+           "stop_strings_criterion"]

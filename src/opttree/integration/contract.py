@@ -10,11 +10,18 @@ one of three sets.
   decoder-only model (beam-search and assisted-generation options, metadata), so there is nothing
   to honour.
 
+:data:`ADDED` holds the arguments opttree adds to generate(). ``opttree arguments`` prints all four as
+the page ``docs/arguments.md`` (:mod:`.contract_page`).
+
 The names are not typed from memory: :func:`generate_arguments` reads them from transformers itself
 (``GenerationConfig``'s fields, generate()'s signature and the keywords its body pops, and the model
 kwargs generate() accepts for a model), and ``tests/test_contract.py`` fails on any name that is in
 none of the sets or in two, so a transformers release that adds an argument fails until it is placed.
-:mod:`.arguments` enforces the refusals.
+
+:mod:`.arguments` enforces the refusals a value decides. A refusal that needs more than its value names
+the functions that check it (``Refusal.checked_by``): :func:`check_dropped_arguments` and
+:func:`check_positions` here, beside the table they read, for what generate() would drop before a
+``custom_generate`` callable and for positions; :mod:`opttree.hf` for the generation mode and the cache.
 """
 
 from __future__ import annotations
@@ -24,11 +31,16 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
+import torch
 from transformers import GenerationConfig
 from transformers.generation.configuration_utils import ALL_STATIC_CACHE_IMPLEMENTATIONS
 from transformers.generation.utils import GenerationMixin
 
-__all__ = ["HONOURED", "NOT_APPLYING", "REFUSED", "Refusal", "generate_arguments", "placement", "unplaced"]
+from ..hf.kv_cache import check_cache
+from ..hf.validation import check_generation_mode
+
+__all__ = ["ADDED", "HONOURED", "NOT_APPLYING", "REFUSED", "Refusal", "check_dropped_arguments", "check_positions",
+           "generate_arguments", "placement", "refused", "unplaced"]
 
 
 def _given(value) -> bool:
@@ -46,9 +58,93 @@ def _rewritable_cache(value) -> bool:
 class Refusal:
     fix: str  # what to do instead (the error reads "<name>=<value>: <fix>")
     refuses: Callable[[object], bool] = _given  # which values are refused
-    checked_by: str | None = None  # where the check lives when it needs more than the value itself
+    checked_by: tuple[Callable, ...] = ()  # the functions that check it when that needs more than the value itself
     example: object = None  # a refused value (tests pass it to generate()); None: tested by checked_by's tests
 
+
+def _short(value) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"<tensor {list(value.shape)}>"
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def refused(name: str, value, refusal: Refusal) -> ValueError:
+    """The error that refuses ``name=value``, naming the fix."""
+    return ValueError(f"{name}={_short(value)}: {refusal.fix}")
+
+
+# ---------------------------------------------------------------------------------------------
+# the checks of refusals that read more than their value (REFUSED names them)
+
+
+def requested(model, kwargs: dict, name: str):
+    """The value of generation option ``name`` a call to ``model.generate(**kwargs)`` runs with:
+    its keyword, else its generation_config='s, else the model's own generation_config's."""
+    if kwargs.get(name) is not None:
+        return kwargs[name]
+    given = kwargs.get("generation_config")
+    if given is not None and getattr(given, name, None) is not None:
+        return getattr(given, name)
+    return getattr(model.generation_config, name, None)
+
+
+def check_dropped_arguments(model, kwargs: dict) -> None:
+    """Before generate() runs: refuse what it would silently drop or route around a custom_generate callable."""
+    for name in ("assistant_model", "synced_gpus"):
+        if REFUSED[name].refuses(kwargs.get(name)):
+            raise refused(name, kwargs[name], REFUSED[name])
+    if requested(model, kwargs, "token_healing"):
+        raise refused("token_healing", True, REFUSED["token_healing"])
+    implementation = requested(model, kwargs, "cache_implementation")  # before generate() builds the cache
+    if REFUSED["cache_implementation"].refuses(implementation):  # ("paged": it would hand it to generate_batch())
+        raise refused("cache_implementation", implementation, REFUSED["cache_implementation"])
+
+
+def default_positions(attention_mask: torch.Tensor | None, input_ids: torch.Tensor) -> torch.Tensor:
+    """[B, T] long: the positions generate() derives when none are given (padding at 0)."""
+    if attention_mask is None:
+        return torch.arange(input_ids.shape[1], device=input_ids.device)[None, :].expand(input_ids.shape[0], -1)
+    positions = attention_mask.long().cumsum(-1) - 1
+    return positions.masked_fill(attention_mask == 0, 0)
+
+
+def check_positions(position_ids: torch.Tensor | None, attention_mask: torch.Tensor | None,
+                    input_ids: torch.Tensor) -> None:
+    """generate() fills position_ids from the mask when none are given; other ones are refused."""
+    if position_ids is None or input_ids.shape[1] == 0:
+        return
+    expected = default_positions(attention_mask, input_ids).to(position_ids.device)
+    if position_ids.shape != expected.shape or not torch.equal(position_ids.long(), expected):
+        raise refused("position_ids", position_ids, REFUSED["position_ids"])
+
+
+# ---------------------------------------------------------------------------------------------
+# the arguments opttree adds, and the three sets
+
+
+ADDED: dict[str, str] = {
+    "draft_model": "what drafts: a small causal LM with the target's vocabulary, a draft folder (loaded with "
+                   "load_draft), \"prompt_lookup\" (n-grams of the text itself), or a Drafter; without it generate() "
+                   "is stock",
+    "nodes": "the tree's node budget: each step keeps the nodes of highest path probability p̂ (the root not "
+             "counted; 1 to 1024); \"auto\": the tree that maximises expected tokens per second, from this "
+             "target's and this draft's latencies timed on this machine",
+    "threshold": "δ: the tree grows one more layer while that raises E(A) = Σp̂ by more than δ; \"auto\": with "
+                 "nodes=\"auto\", a layer is drafted while its expected gain per second beats the current rate",
+    "max_depth": "the deepest layer ever drafted",
+    "strategy": "how the tree grows: \"opt\" (OPT-Tree), \"heap\" (the E(A)-optimal tree, DySpec's greedy "
+                "expansion), \"delayed\" (a short path, then a tree), \"chain\" (one path: classic speculative "
+                "decoding), \"static\" (static_tree=), \"sampled\" (children drawn from the draft)",
+    "verifier": "how the target accepts drafted tokens: \"match\" (its own token at each node, greedy or "
+                "sampled), \"rrs\" (recursive rejection sampling), \"traversal\" (Traversal Verification); "
+                "all lossless",
+    "static_tree": "for strategy=\"static\": the tree as root-to-node paths of sibling ranks, e.g. "
+                   "((0,), (1,), (0, 0)); EAGLE- and Sequoia-style trees in opttree.tree.static_trees",
+    "generator": "a torch.Generator that seeds sampling, for reproducible draws",
+}
+# With neither nodes nor threshold, generate() runs nodes="auto", threshold="auto" where it can; an argument
+# left out next to one given takes TreeConfig's default (integration/defaults.py).
 
 BEAM_ONLY = "a beam-search option: it takes effect only with num_beams > 1, which opttree refuses by name"
 ASSISTED_ONLY = ("an option of HF's assisted generation: it takes effect only with assistant_model= (or "
@@ -155,23 +251,23 @@ INTERNAL = "generate()'s own bookkeeping between its forwards, not an argument: 
 
 REFUSED: dict[str, Refusal] = {
     "num_beams": Refusal("opttree decodes one sequence per prompt; pass num_beams=1, or drop draft_model=",
-                         lambda v: v is not None and v > 1, "hf.validation.check_generation_mode", 2),
+                         lambda v: v is not None and v > 1, (check_generation_mode,), 2),
     "penalty_alpha": Refusal("contrastive search; drop it, or " + NO_DRAFT,
-                             lambda v: v is not None and v > 0, "hf.validation.check_generation_mode", 0.6),
+                             lambda v: v is not None and v > 0, (check_generation_mode,), 0.6),
     "dola_layers": Refusal("DoLa decoding; drop it, or " + NO_DRAFT, _given,
-                           "hf.validation.check_generation_mode", "high"),
+                           (check_generation_mode,), "high"),
     "constraints": Refusal("constrained beam search; drop it, or " + NO_DRAFT, _given,
-                           "hf.validation.check_generation_mode"),
+                           (check_generation_mode,)),
     "force_words_ids": Refusal("constrained beam search; drop it, or " + NO_DRAFT, _given,
-                               "hf.validation.check_generation_mode", [[5]]),
+                               (check_generation_mode,), [[5]]),
     "prompt_lookup_num_tokens": Refusal("HF's prompt lookup; opttree's is draft_model='prompt_lookup'", _given,
-                                        "hf.validation.check_generation_mode", 3),
+                                        (check_generation_mode,), 3),
     "assistant_early_exit": Refusal("HF's self-speculation; pass one speculative method", _given,
-                                    "hf.validation.check_generation_mode", 1),
+                                    (check_generation_mode,), 1),
     "use_mtp": Refusal("HF's multi-token-prediction speculation; pass one speculative method", _given,
-                       "hf.validation.check_generation_mode", True),
+                       (check_generation_mode,), True),
     "assistant_model": Refusal("HF's assisted generation; opttree takes the assistant itself as draft_model=", _given,
-                               "arguments.check_dropped_arguments"),
+                               (check_dropped_arguments,)),
     "guidance_scale": Refusal(
         "classifier-free guidance runs a second, stateful forward per token that tree nodes would corrupt; "
         + NO_DRAFT, lambda v: v is not None and v != 1, example=1.5),
@@ -181,7 +277,7 @@ REFUSED: dict[str, Refusal] = {
     "token_healing": Refusal(
         "generate() drops tokenizer= before a custom_generate callable; heal the prompt first "
         "(ids = model.heal_tokens(ids, tokenizer=tok)) and generate from it with draft_model=",
-        checked_by="arguments.check_dropped_arguments"),
+        checked_by=(check_dropped_arguments,)),
     "prefill_chunk_size": Refusal("opttree prefills the prompt in one forward; drop it, or " + NO_DRAFT, example=2),
     "output_attentions": Refusal(
         "opttree's verification forward scores a whole tree, so per-token attentions are not generate()'s; "
@@ -192,19 +288,20 @@ REFUSED: dict[str, Refusal] = {
     "cache_implementation": Refusal(
         "opttree keeps only the accepted path in a cache it can rewrite (dynamic or static): use "
         "cache_implementation='static' or drop it",
-        lambda v: not _rewritable_cache(v), "arguments.check_dropped_arguments (by value) and hf.kv_cache.check_cache "
-        "(by the cache's type: the custom_generate callable sees the cache generate() built)", "offloaded_static"),
+        lambda v: not _rewritable_cache(v),
+        (check_dropped_arguments, check_cache),  # by value; by the type of the cache generate() built
+        "offloaded_static"),
     "cache": Refusal("opttree starts from an empty DynamicCache or StaticCache: pass an empty one or drop it", _given,
-                     "hf.kv_cache.check_cache"),
+                     (check_cache,)),
     "past_key_values": Refusal("opttree starts from an empty DynamicCache or StaticCache: pass an empty one or drop it",
-                               _given, "hf.kv_cache.check_cache"),
+                               _given, (check_cache,)),
     "cache_params": Refusal("opttree starts from an empty DynamicCache or StaticCache: pass an empty one or drop it",
-                            _given, "hf.kv_cache.check_cache (generate() renames it cache=)"),
+                            _given, (check_cache,)),  # generate() renames it cache=
     "position_ids": Refusal(
         "opttree places every token by the attention mask, as generate() does by default; drop position_ids=",
-        checked_by="arguments.check_model_kwargs"),
+        checked_by=(check_positions,)),
     "synced_gpus": Refusal("opttree's forwards are not kept in step across processes; " + NO_DRAFT,
-                           checked_by="arguments.check_dropped_arguments"),
+                           checked_by=(check_dropped_arguments,)),
     "encoder_hidden_states": Refusal("cross-attention inputs are not passed to opttree's tree forward; " + NO_DRAFT),
     "encoder_attention_mask": Refusal("cross-attention inputs are not passed to opttree's tree forward; " + NO_DRAFT),
     "is_first_iteration": Refusal(INTERNAL, example=True),

@@ -7,8 +7,7 @@
   (a feature head: save and load) are the two formats;
 * :mod:`.draft_dtype`: ``dtype="auto"``, the draft in the dtype measured fastest here, cached per
   folder and machine; :mod:`.dtype_probe` times it as decoding runs it, the candidates taking
-  turns (:mod:`.turns`); :mod:`.machine` names the machine a timing was taken on;
-* :mod:`.moved`: the old ``opttree.distill`` paths of all this, which warn for one release.
+  turns (:mod:`.turns`); :mod:`.machine` names the machine a timing was taken on.
 
 May import: :mod:`opttree.drafters`, :mod:`opttree.budget` (the calibration cache's folder),
 :mod:`opttree.tree`, :mod:`opttree.hf`. Imported by the face (:mod:`opttree.integration`), by

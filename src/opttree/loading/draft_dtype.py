@@ -3,8 +3,8 @@
 ``dtype`` is None (the draft model in the target's dtype, a feature head in float32), a floating
 torch dtype, or ``"auto"``: float32 or bfloat16, whichever runs the draft faster HERE. That is a
 property of the machine, not of its CPU flags: bf16 linears run several times faster than float32
-on a Xeon with AMX and on GPUs, and several times SLOWER on an AVX2-only EPYC (a 64 x 576 -> 16,384
-linear: 61 ms in bf16, 14 ms in float32). So ``"auto"``
+on a Xeon with AMX and on GPUs, and several times SLOWER on an AVX2-only EPYC (benchmarks/RESULTS.md,
+"Which dtype for the draft"). So ``"auto"``
 
 - on a CUDA target: bfloat16 where the GPU runs it natively
   (``torch.cuda.is_bf16_supported(including_emulation=False)``), else float32; nothing is timed;

@@ -9,8 +9,8 @@ forward over w tokens), then ``commit`` of none. The float32 copy runs under the
 kernels (:func:`opttree.kernels.linears.fast_linears`), as opttree's decoding loop runs it. The two
 dtypes take turns within each round, so a load that comes and goes on a shared machine slows both
 alike; after WARMUP_ROUNDS untimed rounds, the median of REPEATS timed ones (fewer, but
-MIN_REPEATS, once the probe has run MAX_SECONDS). On the project's 2-core CPU the whole probe of
-the shipped head with the SmolLM2 target takes about 0.36 s at one thread.
+MIN_REPEATS, once the probe has run MAX_SECONDS): a fraction of a second for a small draft
+(benchmarks/RESULTS.md, "Which dtype for the draft").
 
 Nothing here changes torch's settings; the only state it leaves is what the kernel's own timing of
 new shapes leaves (the same as the first decoding step would).

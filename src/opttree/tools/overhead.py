@@ -1,6 +1,6 @@
 """Count the host work of a decoding step outside the model forwards.
 
-On a GPU every aten op is a kernel launch (5–10 µs of host time each) and every value read back
+On a GPU every aten op is a kernel launch (microseconds of host time each) and every value read back
 to Python (``.item()``, ``.tolist()``, ``bool(t)``, a data-dependent shape such as boolean-mask
 indexing or ``nonzero``) stalls the pipeline until the device catches up. Both are counts, so
 they can be measured on a CPU and pinned in a test, unlike timings.

@@ -1,0 +1,110 @@
+"""The page ``docs/arguments.md``: the contract (:mod:`.contract`) written out, every argument with
+what opttree does with it. ``opttree arguments`` prints it; ``tests/test_arguments_page.py`` fails
+when the shipped page and the contract disagree.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import fields
+
+from ..tree.config import TreeConfig
+from .contract import ADDED, HONOURED, NOT_APPLYING, REFUSED
+
+COMMAND = "opttree arguments > docs/arguments.md"
+
+INTRO = """\
+Every argument plain `generate()` takes is in exactly one of three sets, declared in
+`src/opttree/integration/contract.py`: **honoured** (the output is plain's), **refused** by name
+before any forward runs, with the fix in the error, or **not applying** (it changes nothing in plain's
+greedy or sampled decoding of a decoder-only model). The names are read from transformers itself
+(`GenerationConfig`'s fields, generate()'s signature and the keywords it pops, the model kwargs it
+accepts for a model), and `tests/test_contract.py` fails on a name in no set or in two: a transformers
+release that adds an argument fails the suite until it is placed."""
+
+AUTO = """\
+With neither `nodes` nor `threshold`, generate() runs `nodes="auto", threshold="auto"` where it can;
+an argument left out next to one given takes the default above (`nodes=60, threshold=0.5` is OPT-Tree
+as published). `"auto"` cannot run with `strategy="sampled"`, with the `"rrs"` and `"traversal"`
+verifiers, or on a context too short to time: those calls get the fixed defaults
+(`opttree.integration.defaults`). `SpeculativeGenerator(target, draft, ...)` takes the same arguments in
+its constructor and per call."""
+
+NOTES = """\
+- **Batches.** Each logits processor sees what plain shows it: a row's own context, left padding
+  included, at its own batch index (`prefix_allowed_tokens_fn`'s `batch_id`, a repetition penalty's
+  per-row `prompt_ignore_length`, a processor of your own with batch state). Processors run at tree
+  nodes, possibly more than once per emitted token, so one that keeps state between calls cannot be
+  honoured: transformers' stateful ones are refused.
+- **Static caches.** `cache_implementation="static"` (or an empty `StaticCache` passed in), one prompt:
+  the tree's mask spans the cache's slots and the accepted path is moved in place. A static cache made
+  by generate() gets room for one padded tree before its first forward; one already allocated and too
+  small is refused, naming the `max_cache_len` to ask for. Where generate() would compile plain
+  decoding (a GPU, or `compile_config` with `_compile_all_devices`; not `disable_compile=True`),
+  opttree's verification forwards run through generate()'s own compiled callable, one graph per fixed
+  size; a size whose compile fails runs eagerly, with one warning.
+- **`custom_generate=speculative_generate`** (a model not passed through `speculative()`): generate()
+  drops `tokenizer=` before calling opttree and then refuses `stop_strings=` itself ("could not locate
+  a tokenizer"); pass the criterion instead,
+  `stopping_criteria=StoppingCriteriaList([StopStringCriteria(tokenizer=tok, stop_strings=[...])])`.
+  An `assistant_model=` or `synced_gpus=` given there is read from generate()'s frame and refused.
+- **Streaming.** A `streamer` gets the prompt, every token as it is accepted, then `end()`, on every
+  way in; one prompt per call, as generate()."""
+
+
+def _cell(text: str) -> str:
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
+def _default(name: str) -> str:
+    defaults = {f.name: f.default for f in fields(TreeConfig)}
+    if name in defaults:
+        value = defaults[name]
+        return f'`"{value}"`' if isinstance(value, str) else f"`{value!r}`"
+    return "required" if name == "draft_model" else "`None`"
+
+
+def _where(check) -> str:
+    return f"`{check.__module__.removeprefix('opttree.')}.{check.__name__}`"
+
+
+def _table(header: tuple[str, ...], rows) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return lines + ["| " + " | ".join(_cell(cell) for cell in row) + " |" for row in rows]
+
+
+def markdown() -> str:
+    """The whole page, from the contract's tables."""
+    refused = [(f"`{name}`", r.fix, ", ".join(map(_where, r.checked_by)) or "the value, in every call")
+               for name, r in sorted(REFUSED.items())]
+    lines = [
+        "# generate()'s arguments with a draft", "",
+        f"<!-- generated from src/opttree/integration/contract.py by `{COMMAND}`; do not edit by hand -->", "",
+        INTRO, "",
+        "## The arguments opttree adds", "",
+        *_table(("argument", "default", "what it does"),
+                ((f"`{name}`", _default(name), text) for name, text in ADDED.items())), "",
+        AUTO, "",
+        f"## Honoured ({len(HONOURED)}): the output is plain's", "",
+        *_table(("argument", "how"), ((f"`{name}`", text) for name, text in sorted(HONOURED.items()))), "",
+        f"## Refused ({len(REFUSED)}): an error naming the argument and the fix, before any forward", "",
+        *_table(("argument", "what to do instead", "checked by"), refused), "",
+        f"## Not applying ({len(NOT_APPLYING)}): nothing to honour", "",
+        *_table(("argument", "why"), ((f"`{name}`", text) for name, text in sorted(NOT_APPLYING.items()))), "",
+        "## Notes", "",
+        NOTES,
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None, prog: str = "opttree arguments") -> int:
+    argparse.ArgumentParser(prog=prog, description=f"Print generate()'s arguments with a draft as markdown "
+                                                   f"(the page docs/arguments.md: {COMMAND}).").parse_args(argv)
+    print(markdown(), end="")
+    return 0
+
+
+__all__ = ["COMMAND", "main", "markdown"]
+
+if __name__ == "__main__":
+    raise SystemExit(main())
