@@ -568,9 +568,9 @@ def test_cache_location_and_mode_come_from_the_environment(monkeypatch, tmp_path
 
 def test_calibration_fits_the_context_or_refuses_auto(pair):
     target, drafter, new_drafter = pair
-    assert calibration.calibration_prefix(target) == 256 - calibration._ROOM  # tiny models: 256 positions
-    drafter.context_length = 200
-    assert calibration.calibration_prefix(target, drafter) == 200 - calibration._ROOM
+    assert calibration.calibration_prefix(target) == calibration.CALIBRATION_PREFIX  # tiny models: 256 positions
+    drafter.context_length = calibration._ROOM + 20
+    assert calibration.calibration_prefix(target, drafter) == 20  # less, where a context is shorter
     target.config.max_position_embeddings = calibration._ROOM + calibration.MIN_CALIBRATION_PREFIX - 1
     with pytest.raises(ValueError, match="context"):
         calibration.make_policy(TreeConfig(nodes="auto"), target, drafter, new_drafter)
@@ -688,3 +688,59 @@ def test_a_tree_is_padded_to_the_cheapest_measured_size_that_holds_it():
     policy = AutoPolicy(TreeConfig(nodes="auto"), lat)
     assert policy.verify_rows(1) == 4
     assert FixedPolicy(TreeConfig(nodes=5)).verify_rows(1) == 2 and FixedPolicy(TreeConfig(nodes=5)).verify_rows(5) == 8
+
+
+class FakeRig:
+    """A verification rig whose forward over the root and n nodes 'takes' a + b · rows seconds."""
+
+    def __init__(self, a: float, b: float, calls: list):
+        self.a, self.b, self.calls = a, b, calls
+
+    def __call__(self, target, prefix):
+        return self
+
+    def run(self, n: int) -> float:
+        self.calls.append(n)
+        return self.a + self.b * (n + 1)
+
+
+@pytest.mark.parametrize("kind, a, b, timed", [
+    ("flat (a GPU)", 2e-3, 1e-6, (0, 1, 3, 7, 15, 31, 63)),  # all fit in BUDGET_SECONDS, with more rounds
+    ("a CPU", 0.3, 0.02, (0, 15)),  # T(16 rows) ~2.2x T(1): the budget of 6 forwards holds two sizes
+    ("a flat 50 ms forward", 0.05, 1e-4, (0, 3, 15, 63)),  # BUDGET_SECONDS holds four sizes, once each
+    ("a flatter CPU", 0.3, 0.002, (0, 15)),  # 64 rows would take it past 6 forwards
+])
+def test_calibration_times_the_sizes_its_budget_allows_and_fits_the_rest(kind, a, b, timed, monkeypatch):
+    calls = []
+    monkeypatch.setattr(calibration, "VerifyRig", FakeRig(a, b, calls))
+    table = calibration.measure_verify_budgeted(None)
+    assert table.sizes == timed
+    assert table.seconds == tuple(a + b * (n + 1) for n in timed)
+    spent = sum(a + b * (n + 1) for n in calls)
+    budget = max(calibration.BUDGET_FORWARDS * (a + b), calibration.BUDGET_SECONDS)
+    assert spent <= budget + 2 * (a + b * 16)  # the first two sizes are always timed, warm-ups included
+    assert calls[:4] == [0, 0, 15, 15]  # each size warmed, then timed; the ends first
+    full = latency_module.complete_table(table, calibration.VERIFY_NODES)
+    assert full.sizes == calibration.VERIFY_NODES
+    for n, t in zip(full.sizes, full.seconds):  # the fitted sizes on the line of the timed ones
+        assert t == pytest.approx(a + b * (n + 1), rel=1e-9)
+
+
+def test_a_step_at_a_fitted_size_replaces_the_fit_from_its_second_step_on():
+    table = LatencyTable((0, 15), (0.010, 0.016))
+    latency = LatencyModel(verify=latency_module.complete_table(table, (0, 1, 3, 7, 15, 31, 63)),
+                           verify_measured=frozenset({0, 15}))
+    fitted = latency.verify_time(63)
+    latency.observe(step(63, 0.5))  # the first step at 64 rows: warms it (a compile, kernel trials)
+    assert latency.verify_time(63) == pytest.approx(fitted) and 63 not in latency.verify_measured
+    latency.observe(step(63, 0.05))
+    assert 63 in latency.verify_measured and latency.verify_table(63) == pytest.approx(0.05)
+    assert latency.verify_scale == 1.0 and latency.verify_offset == 0.0  # no evidence on the correction
+    latency.observe(step(15, 0.032))  # a timed size: the correction moves, the table does not
+    assert latency.verify_table(15) == pytest.approx(0.016) and latency.verify_scale > 1.0
+    assert calibration.to_json(latency)["verify"] == {"sizes": (0, 15, 63), "seconds": (0.010, 0.016, 0.05)}
+    back = calibration.from_json(json.loads(json.dumps(calibration.to_json(latency))))  # as a file holds it
+    assert back.verify.sizes == calibration.VERIFY_NODES and back.verify_measured == {0, 15, 63}
+    every = LatencyModel(verify=LatencyTable((0, 15), (0.010, 0.016)))  # control: a table given whole
+    every.observe(step(15, 0.02))
+    assert every.verify.sizes == (0, 15) and every.verify_measured is None

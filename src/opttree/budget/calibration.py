@@ -38,7 +38,7 @@ from ..tree.masks import verification_inputs
 from ..tree.plan import BudgetPolicy, FixedPolicy
 from .calibration_file import parse_document, parse_latency, read_keyed_file
 from ..tree.sizes import VERIFY_SIZES, padded_size
-from .latency import AUTO_MAX_NODES, AutoPolicy, LatencyModel, LatencyTable
+from .latency import AUTO_MAX_NODES, AutoPolicy, LatencyModel, LatencyTable, complete_table
 
 logger = logging.getLogger(__name__)
 
@@ -46,10 +46,17 @@ logger = logging.getLogger(__name__)
 # tree.sizes.VERIFY_SIZES: the root and n nodes), up to AUTO_MAX_NODES; T is a step between them
 VERIFY_NODES = tuple(rows - 1 for rows in VERIFY_SIZES if rows - 1 <= AUTO_MAX_NODES)
 DRAFT_WIDTHS = (1, 2, 4, 8, 16, 32)  # layer widths timed at calibration
-CALIBRATION_PREFIX = 256  # committed tokens under the timed forwards (a chat prompt and some answer)
+CALIBRATION_PREFIX = 32  # committed tokens under the timed forwards (a longer context's cost is learnt online)
 MIN_CALIBRATION_PREFIX = 16  # a shorter context cannot be calibrated: "auto" is refused
 REPEATS = 5  # timed rounds per size (after one warm-up round); sizes interleaved within a round
-CALIBRATION_VERSION = 6  # bump when what is measured changes: old files are then ignored (6: padded verification sizes)
+# The sizes calibration times, in this order, while its budget lasts (the first two always): the
+# ends of the range that matters first; the others are fitted between them (latency.complete_table)
+# and replaced by what the steps measure once a step verifies at them (LatencyModel.observe).
+TIMING_ORDER = (0, 15, 63, 3, 31, 7, 1)
+BUDGET_FORWARDS = 6.0  # the verification timing's budget, in forwards of one row (warm-ups included) ...
+BUDGET_SECONDS = 0.5  # ... or this many seconds, whichever is more (a GPU times every size in well under it)
+DRAFTER_REPEATS = 3  # timed rounds of the drafter's protocol
+CALIBRATION_VERSION = 7  # bump when what is measured changes: old files are then ignored (7: a few sizes timed)
 
 _PAIRS: dict[str, LatencyModel] = {}  # key digest -> the process's (refreshed) model of that pair
 _pairs_lock = threading.Lock()  # guards _PAIRS; held for a dict read or write only
@@ -114,6 +121,7 @@ def calibration_key(target, drafter, prefix: int = CALIBRATION_PREFIX) -> dict:
         "torch": torch.__version__,
         "linear": linears.mode(),  # the few-row linears' kernel (kernels.linears): auto or a fixed one
         "verify_nodes": list(VERIFY_NODES),
+        "timing": {"order": list(TIMING_ORDER), "forwards": BUDGET_FORWARDS, "seconds": BUDGET_SECONDS},
         "draft_widths": list(DRAFT_WIDTHS),
         "prefix": prefix,
     }
@@ -140,20 +148,33 @@ def cache_mode() -> str:
 
 
 def to_json(latency: LatencyModel) -> dict:
+    """What a cache file holds: the verification times of the sizes measured (not the fitted ones),
+    the drafter's layer table and its catch-up time."""
     layer = None if latency.layer is None else dataclasses.asdict(latency.layer)
-    return {"verify": dataclasses.asdict(latency.verify), "layer": layer, "root_seconds": latency.root_seconds}
+    return {"verify": dataclasses.asdict(latency.measured_verify()), "layer": layer,
+            "root_seconds": latency.root_seconds}
 
 
 def from_json(data: dict) -> LatencyModel:
-    """The LatencyModel of :func:`to_json`'s form; ValueError when it holds anything measuring
-    would not write (see :mod:`opttree.budget.calibration_file`)."""
-    return parse_latency(data)
+    """The LatencyModel of :func:`to_json`'s form, its unmeasured sizes fitted; ValueError when it
+    holds anything measuring would not write (see :mod:`opttree.budget.calibration_file`)."""
+    return with_fitted_sizes(parse_latency(data))
+
+
+def with_fitted_sizes(latency: LatencyModel) -> LatencyModel:
+    """``latency`` whose verification table holds every size of VERIFY_NODES: those measured as
+    they are, the others fitted (:func:`~opttree.budget.latency.complete_table`)."""
+    measured = latency.verify
+    latency.verify = complete_table(measured, VERIFY_NODES)
+    latency.verify_measured = frozenset(measured.sizes)
+    return latency
 
 
 def read_cached(key: dict, folder: Path) -> LatencyModel | None:
     """The cached LatencyModel of ``key`` in ``folder``; None when there is none or it cannot be
     used (named in a warning: the caller measures again and rewrites it)."""
-    return read_keyed_file(folder / f"{_digest(key)}.json", key, parse_document, "calibration cache", logger)
+    latency = read_keyed_file(folder / f"{_digest(key)}.json", key, parse_document, "calibration cache", logger)
+    return None if latency is None else with_fitted_sizes(latency)
 
 
 def write_cached(key: dict, latency: LatencyModel, folder: Path) -> Path | None:
@@ -190,37 +211,89 @@ def _median(xs) -> float:
     return xs[len(xs) // 2]
 
 
+class VerifyRig:
+    """A target prefilled with ``prefix`` made-up tokens, ready to time verification forwards:
+    ``run(n)`` is one forward over the root and ``n`` tree nodes (children of the root, padded to
+    their verification size), the cache cropped back after it; its seconds."""
+
+    def __init__(self, target, prefix: int):
+        from ..hf import kv_cache
+
+        self.target, self.prefix, self.kv_cache = target, prefix, kv_cache
+        self.device, self.vocab = target.device, int(target.get_input_embeddings().weight.shape[0])
+        self.inputs: dict[int, dict] = {}
+        with torch.inference_mode():
+            self.cache = kv_cache.new_cache(target)
+            ids = (torch.arange(prefix, dtype=torch.long) * 7 % self.vocab)[None, :].to(self.device)
+            target(input_ids=ids, **with_cache(target, self.cache), use_cache=True, logits_to_keep=1)
+
+    def _inputs(self, n: int) -> dict:
+        if n not in self.inputs:
+            device = self.device
+            tree = DraftTree((torch.arange(n, dtype=torch.long) % self.vocab).to(device),
+                             torch.full((n,), -1, dtype=torch.long, device=device), torch.ones(n, device=device))
+            self.inputs[n] = verification_inputs(1, tree, self.prefix, self.target.dtype,
+                                                 size=padded_size(n + 1)).as_kwargs()
+        return self.inputs[n]
+
+    def run(self, n: int) -> float:
+        inputs = self._inputs(n)
+        with torch.inference_mode():
+            start = time.perf_counter()
+            self.target(**inputs, **with_cache(self.target, self.cache), use_cache=True, logits_to_keep=0)
+            _sync(self.device)
+            seconds = time.perf_counter() - start
+            self.kv_cache.keep_slots(self.cache, self.prefix, torch.empty(0, dtype=torch.long, device=self.device))
+        return seconds
+
+
 def measure_verify(target, sizes=VERIFY_NODES, prefix: int = CALIBRATION_PREFIX,
                    repeats: int = REPEATS) -> tuple[float, ...]:
     """T(n) for each n in ``sizes``: one target forward over a root and n tree nodes (children of
     the root) on a ``prefix``-token cache, cropped back after each. The sizes take turns within
     each round, so a burst of load hits them alike; the first round warms up; medians."""
-    from ..hf import kv_cache
-
-    device, vocab = target.device, int(target.get_input_embeddings().weight.shape[0])
+    rig = VerifyRig(target, prefix)
     times: dict[int, list[float]] = {n: [] for n in sizes}
-    with torch.inference_mode():
-        cache = kv_cache.new_cache(target)
-        ids = (torch.arange(prefix, dtype=torch.long) * 7 % vocab)[None, :].to(device)
-        target(input_ids=ids, **with_cache(target, cache), use_cache=True, logits_to_keep=1)
-        inputs = {}
+    for round_ in range(repeats + 1):
         for n in sizes:
-            tree = DraftTree((torch.arange(n, dtype=torch.long) % vocab).to(device),
-                             torch.full((n,), -1, dtype=torch.long, device=device), torch.ones(n, device=device))
-            inputs[n] = verification_inputs(1, tree, prefix, target.dtype, size=padded_size(n + 1)).as_kwargs()
-        for round_ in range(repeats + 1):
-            for n in sizes:
-                start = time.perf_counter()
-                target(**inputs[n], **with_cache(target, cache), use_cache=True, logits_to_keep=0)
-                _sync(device)
-                if round_ > 0:
-                    times[n].append(time.perf_counter() - start)
-                kv_cache.keep_slots(cache, prefix, torch.empty(0, dtype=torch.long, device=device))
+            seconds = rig.run(n)
+            if round_ > 0:
+                times[n].append(seconds)
     return tuple(_median(times[n]) for n in sizes)
 
 
+def measure_verify_budgeted(target, prefix: int = CALIBRATION_PREFIX, order=TIMING_ORDER,
+                            forwards: float = BUDGET_FORWARDS, seconds: float = BUDGET_SECONDS) -> LatencyTable:
+    """T(n) at as many sizes of ``order`` as a budget allows: each size warmed once (its kernels
+    chosen, its graph compiled) then timed, in ``order``, the first two always, a next one only where
+    the time spent so far plus its predicted cost (twice the fit of those timed) stays within
+    max(``forwards`` × T(the first), ``seconds``); then more timed rounds of the timed sizes while
+    the budget lasts (at most REPEATS; medians). -> the table of the sizes timed."""
+    rig = VerifyRig(target, prefix)
+    times: dict[int, list[float]] = {}
+    spent, budget = 0.0, None
+    for n in order:
+        if len(times) >= 2:
+            fit = LatencyTable(tuple(sorted(times)), tuple(times[k][0] for k in sorted(times)))
+            if spent + 2 * fit.at(n) > budget:
+                break
+        warm, timed = rig.run(n), rig.run(n)
+        spent += warm + timed
+        times[n] = [timed]
+        budget = budget if budget is not None else max(forwards * timed, seconds)
+    for _ in range(REPEATS - 1):
+        round_cost = sum(_median(t) for t in times.values())
+        if spent + round_cost > budget:
+            break
+        for n in times:
+            times[n].append(rig.run(n))
+        spent += round_cost
+    sizes = tuple(sorted(times))
+    return LatencyTable(sizes, tuple(_median(times[n]) for n in sizes))
+
+
 def measure_drafter(drafter, vocab: int, device, widths=DRAFT_WIDTHS, prefix: int = CALIBRATION_PREFIX,
-                    repeats: int = REPEATS, hidden_size: int | None = None) -> tuple[float, tuple[float, ...]]:
+                    repeats: int = DRAFTER_REPEATS, hidden_size: int | None = None) -> tuple[float, tuple[float, ...]]:
     """Time a (scratch) drafter through its protocol: (root_probs seconds, expand seconds per width).
 
     Each round commits one more token (``root_probs``: the catch-up of a step), expands ``w``
@@ -276,8 +349,8 @@ def measure(target, new_drafter: Callable[[], object] | None, prefix: int = CALI
     ``new_drafter()`` (without one, or if timing it fails, the draft cost is learnt from the steps)."""
     from ..hf.validation import vocab_size
 
-    verify = LatencyTable(VERIFY_NODES, measure_verify(target, prefix=prefix))  # as measured: the model picks padding
-    latency = LatencyModel(verify=verify)
+    timed = measure_verify_budgeted(target, prefix=prefix)  # the sizes timed; the rest fitted, refined online
+    latency = LatencyModel(verify=complete_table(timed, VERIFY_NODES), verify_measured=frozenset(timed.sizes))
     if new_drafter is not None:
         try:
             text = target.config.get_text_config() if hasattr(target.config, "get_text_config") else target.config
@@ -289,8 +362,8 @@ def measure(target, new_drafter: Callable[[], object] | None, prefix: int = CALI
         else:
             latency.layer = LatencyTable(DRAFT_WIDTHS, lower_envelope(layers))
             latency.root_seconds = root
-    logger.info("calibration at %d tokens: %s; draft layer %s", prefix,
-                ", ".join(f"T({n})={t * 1e3:.1f}ms" for n, t in zip(verify.sizes, verify.seconds)),
+    logger.info("calibration at %d tokens: %s (the other sizes fitted); draft layer %s", prefix,
+                ", ".join(f"T({n})={t * 1e3:.1f}ms" for n, t in zip(timed.sizes, timed.seconds)),
                 "unmeasured" if latency.layer is None else
                 ", ".join(f"c({w})={t * 1e3:.1f}ms" for w, t in zip(latency.layer.sizes, latency.layer.seconds)))
     return latency
@@ -331,7 +404,7 @@ def calibrate(target, drafter=None, new_drafter: Callable[[], object] | None = N
         return latency
 
 
-_ROOM = max(max(VERIFY_NODES), max(DRAFT_WIDTHS)) + (REPEATS + 1) * len(DRAFT_WIDTHS) + 2  # tokens past the prefix
+_ROOM = max(max(VERIFY_NODES), max(DRAFT_WIDTHS)) + (DRAFTER_REPEATS + 1) * len(DRAFT_WIDTHS) + 2  # past the prefix
 
 
 def calibration_prefix(target, drafter=None) -> int | None:

@@ -80,6 +80,14 @@ class LatencyTable:
         return max(y0 + slope * (n - x0), 0.0)
 
 
+def complete_table(measured: LatencyTable, sizes: tuple[int, ...]) -> LatencyTable:
+    """``measured`` with an entry at each of ``sizes`` too: those measured as they are, the others
+    on its line (:meth:`LatencyTable.at`: linear between measured sizes, the last slope beyond)."""
+    known = dict(zip(measured.sizes, measured.seconds))
+    every = tuple(sorted(set(sizes) | set(known)))
+    return LatencyTable(every, tuple(known[n] if n in known else measured.at(n) for n in every))
+
+
 @dataclass
 class AffineFit:
     """measured ≈ scale · calibrated + offset, fitted online: exponentially weighted least squares
@@ -116,6 +124,11 @@ class LatencyModel:
     """Measured costs of one step's pieces, in seconds, refreshed from every step."""
 
     verify: LatencyTable  # T(n): one target forward over the root and n tree nodes
+    # the sizes of ``verify`` that were timed; the others are fitted until a step verifies at them
+    # (then the step's time replaces the fit). None: every size was timed
+    verify_measured: frozenset | None = None
+    # fitted sizes a step has verified at once: that first forward warmed them (a compile, kernel trials)
+    verify_warmed: set = dataclasses.field(default_factory=set, repr=False, compare=False)
     layer: LatencyTable | None = None  # one drafter.expand_probs() over w nodes; None: not measured yet
     root_seconds: float = 0.0  # drafter.root_probs(): the catch-up at a step's start
     verify_scale: float = 1.0  # online corrections: measured T(n) ≈ verify_scale · table + verify_offset
@@ -177,9 +190,34 @@ class LatencyModel:
         with self.lock:
             self._observe(step)
 
+    def measured_verify(self) -> LatencyTable:
+        """The verification table's timed sizes only (what a calibration file keeps)."""
+        if self.verify_measured is None:
+            return self.verify
+        pairs = [(n, t) for n, t in zip(self.verify.sizes, self.verify.seconds) if n in self.verify_measured]
+        return LatencyTable(tuple(n for n, _ in pairs), tuple(t for _, t in pairs))
+
+    def _measure_fitted(self, step) -> bool:
+        """A step verified at a fitted size: from the second such step on (the first warmed the size:
+        a compile, kernel trials), its time, taken back through the online correction, becomes that
+        size's entry (measured from now on). Whether the step was at a fitted size."""
+        priced = self._padding(step.tree_size)[0]
+        if self.verify_measured is None or priced in self.verify_measured or step.verify_seconds <= 0:
+            return False
+        if priced not in self.verify_warmed:
+            self.verify_warmed.add(priced)
+            return True
+        seconds = max((step.verify_seconds - self.verify_offset) / self.verify_scale, 0.0) or step.verify_seconds
+        sizes = self.verify.sizes
+        self.verify = LatencyTable(sizes, tuple(seconds if n == priced else t for n, t in zip(sizes, self.verify.seconds)))
+        self.verify_measured = self.verify_measured | {priced}
+        return True
+
     def _observe(self, step) -> None:
         calibrated = self.verify_table(step.tree_size)
-        if step.verify_seconds > 0 and calibrated > 0:
+        if self._measure_fitted(step):
+            pass  # a new point of the table, not evidence on the correction
+        elif step.verify_seconds > 0 and calibrated > 0:
             if self.verify_fit.w == 0:  # the calibration itself is the prior: weight 1, at this size
                 self.verify_fit.add(calibrated, calibrated, 1.0)
             self.verify_fit.add(calibrated, calibrated * _clip(step.verify_seconds / calibrated), REFRESH)
