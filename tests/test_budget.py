@@ -13,7 +13,7 @@ from opttree.budget import calibration
 from opttree.budget import latency as latency_module
 from opttree.budget.latency import (AutoPolicy, LatencyModel, LatencyTable, best_choice, best_size, expected_speed,
                                     layer_pays, layer_width, next_layer_guess)
-from opttree.integration import entry as integration
+from opttree.integration import prepare as integration  # the preparation: where a call meets its policy
 from opttree.tree.plan import FixedPolicy, LayerState, StepPlan
 from opttree.tree.builder import build_opt_tree
 from opttree.distill.head import new_head

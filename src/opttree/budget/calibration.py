@@ -34,6 +34,7 @@ from ..hf import linears
 from ..hf.compat import with_cache
 from ..tree.config import TreeConfig
 from ..tree.draft_tree import DraftTree
+from ..tree.layout import MaskLayout
 from ..tree.masks import verification_inputs
 from ..tree.plan import BudgetPolicy, FixedPolicy
 from .calibration_file import parse_document, parse_latency, read_keyed_file
@@ -194,11 +195,13 @@ def _median(xs) -> float:
 def measure_verify(target, sizes=VERIFY_SIZES, prefix: int = CALIBRATION_PREFIX,
                    repeats: int = REPEATS) -> tuple[float, ...]:
     """T(n) for each n in ``sizes``: one target forward over a root and n tree nodes (children of
-    the root) on a ``prefix``-token cache, cropped back after each. The sizes take turns within
-    each round, so a burst of load hits them alike; the first round warms up; medians."""
+    the root) on a ``prefix``-token cache, cropped back after each, as decoding runs it (the cache's
+    every layer full, sliding-window and chunked layers masked per layer type). The sizes take turns
+    within each round, so a burst of load hits them alike; the first round warms up; medians."""
     from ..hf import kv_cache
 
     device, vocab = target.device, int(target.get_input_embeddings().weight.shape[0])
+    layout = MaskLayout.of(target.config)
     times: dict[int, list[float]] = {n: [] for n in sizes}
     with torch.inference_mode():
         cache = kv_cache.new_cache(target)
@@ -208,7 +211,8 @@ def measure_verify(target, sizes=VERIFY_SIZES, prefix: int = CALIBRATION_PREFIX,
         for n in sizes:
             tree = DraftTree((torch.arange(n, dtype=torch.long) % vocab).to(device),
                              torch.full((n,), -1, dtype=torch.long, device=device), torch.ones(n, device=device))
-            inputs[n] = verification_inputs(1, tree, prefix, target.dtype, size=padded_size(n + 1)).as_kwargs()
+            inputs[n] = verification_inputs(1, tree, prefix, target.dtype, size=padded_size(n + 1),
+                                            layout=layout).as_kwargs()
         for round_ in range(repeats + 1):
             for n in sizes:
                 start = time.perf_counter()

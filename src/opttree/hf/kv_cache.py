@@ -10,21 +10,35 @@ Two kinds of cache are rewritten: a ``DynamicCache`` (it grows; the rest is crop
 ``max_cache_len`` slots from the start, a forward's mask spans them all, and a static layer writes
 its new keys at its own count, ``cumulative_length``; keeping the accepted path moves it in place
 and sets that count, and the stale slots after it are hidden by the mask until they are written again).
+Every layer of a cache rewritten here keeps every slot: a sliding-window layer is stood in for by a
+full one (:func:`full_layer`; :mod:`.tree_cache` opens a given cache so and closes it back).
 """
 
 from __future__ import annotations
 
 import torch
 from transformers import DynamicCache, StaticCache
-from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer, StaticLayer
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer, StaticLayer, StaticSlidingWindowLayer
 
-from .compat import GENERATE_CACHE_NAME
 
-REWRITABLE = "a DynamicCache (the default) or a StaticCache (cache_implementation='static')"
+def full_layer(layer, slots: int | None = None):
+    """The layer a tree cache keeps in place of a sliding-window (or chunked) one: every slot kept (the
+    tree masks hide what the window hides), so that a step's rejected nodes can be dropped again. A
+    DynamicSlidingWindowLayer keeps only its last window - 1 slots, so the nodes of a tree would push
+    committed tokens out; a StaticSlidingWindowLayer (replaced by a StaticLayer of ``slots`` slots)
+    rolls them out the same way. Any other layer is returned as it is."""
+    if type(layer) is DynamicSlidingWindowLayer:
+        return DynamicLayer()
+    if type(layer) is StaticSlidingWindowLayer:
+        return StaticLayer(max_cache_len=slots)
+    return layer
 
 
 def new_cache(model) -> DynamicCache:
-    return DynamicCache(config=model.config)
+    """An empty DynamicCache for ``model`` with full layers only (see :func:`full_layer`)."""
+    cache = DynamicCache(config=model.config)
+    cache.layers = [full_layer(layer) for layer in cache.layers]
+    return cache
 
 
 def is_static(cache) -> bool:
@@ -35,50 +49,6 @@ def is_static(cache) -> bool:
 def capacity(cache) -> int | None:
     """A static cache's slots (a forward's mask spans them all); None: a cache that grows."""
     return cache.layers[0].max_cache_len if is_static(cache) else None
-
-
-def check_cache(cache, max_total_len: int) -> None:
-    """Refuse caches whose slots cannot be moved (quantised, offloaded, linear-attention ones), a filled
-    one, and sliding-window layers that would have to drop tokens (not supported yet). A static cache
-    too small for ``max_total_len`` slots gets the room while it holds no tensor yet (generate() makes
-    one of max_length - 1 slots, which a tree overruns); one already allocated is refused, naming the
-    size to ask for."""
-    if is_static(cache):
-        _check_static(cache, max_total_len)
-        return
-    if type(cache) is not DynamicCache:
-        raise NotImplementedError(
-            f"opttree keeps only the accepted tree path in {REWRITABLE}, got {type(cache).__name__}; "
-            f"call generate() with another cache_implementation= or {GENERATE_CACHE_NAME}="
-        )
-    if cache.get_seq_length() > 0:
-        raise NotImplementedError(f"opttree starts from an empty cache; do not pass a filled {GENERATE_CACHE_NAME}=")
-    for layer in cache.layers:
-        if type(layer) not in (DynamicLayer, DynamicSlidingWindowLayer):
-            raise NotImplementedError(f"opttree cannot rewrite cache layers of type {type(layer).__name__}")
-        if isinstance(layer, DynamicSlidingWindowLayer) and max_total_len >= layer.sliding_window:
-            raise NotImplementedError(
-                f"this model uses sliding-window attention (window {layer.sliding_window}) and the "
-                f"sequence may reach {max_total_len} tokens; opttree supports such models only below "
-                "the window: lower max_new_tokens or shorten the prompt"
-            )
-
-
-def _check_static(cache: StaticCache, max_total_len: int) -> None:
-    if cache.offloading or any(type(layer) is not StaticLayer for layer in cache.layers):
-        kinds = sorted({type(layer).__name__ for layer in cache.layers} - {"StaticLayer"}) or ["offloaded"]
-        raise NotImplementedError(f"opttree rewrites StaticCache layers of type StaticLayer, not {', '.join(kinds)}; "
-                                  "use cache_implementation='static' without offloading, or the default DynamicCache")
-    if cache_length(cache) > 0:
-        raise NotImplementedError(f"opttree starts from an empty cache; do not pass a filled {GENERATE_CACHE_NAME}=")
-    have = capacity(cache)
-    if have >= max_total_len:
-        return
-    if any(layer.is_initialized for layer in cache.layers):
-        raise ValueError(f"this StaticCache holds {have} slots, and this call may need {max_total_len} (the prompt, "
-                         f"the new tokens and one padded tree): make it StaticCache(..., max_cache_len={max_total_len})")
-    for layer in cache.layers:  # nothing allocated yet: the tensors are made at the first forward, this long
-        layer.max_cache_len = max_total_len
 
 
 def cache_length(cache) -> int:
@@ -164,8 +134,6 @@ def select(cache: DynamicCache, rows: torch.Tensor, columns: torch.Tensor | None
         values = layer.values.index_select(0, rows.to(layer.values.device))
         if columns is not None:
             keys, values = keys.index_select(2, columns.to(keys.device)), values.index_select(2, columns.to(values.device))
-            if hasattr(layer, "cumulative_length"):  # sliding-window layers count their slots
-                layer.cumulative_length = keys.shape[-2]
         layer.keys, layer.values = keys, values
 
 
@@ -183,9 +151,10 @@ def worth_compacting(valid: torch.Tensor) -> bool:
 
 def compact_rows(cache: DynamicCache, valid: torch.Tensor) -> torch.Tensor:
     """Squeeze out the holes: each row's used slots (``valid`` [B, L] bool) move to the right end,
-    in order, and the cache shrinks to the most slots any row uses. Returns the new ``valid``
-    [B, L'] (a row's unused slots now lie on its left, like left padding). One gather over the
-    whole cache: for now and then, not every step."""
+    in order, and the cache shrinks to the most slots any row uses. Returns the order [B, L'] long:
+    slot j of row b now holds what slot order[b, j] held (``valid.gather(1, order)`` is the new valid:
+    a row's unused slots now lie on its left, like left padding). One gather over the whole cache: for
+    now and then, not every step."""
     rows, length = valid.shape
     kept = int(valid.sum(dim=1).max())
     order = torch.sort(valid.to(torch.int8), dim=1, stable=True).indices[:, length - kept:]  # [B, L'] unused first
@@ -196,6 +165,4 @@ def compact_rows(cache: DynamicCache, valid: torch.Tensor) -> torch.Tensor:
         idx = order.to(layer.keys.device)[:, None, :, None]
         layer.keys = torch.gather(layer.keys, 2, idx.expand(rows, heads, kept, dim))
         layer.values = torch.gather(layer.values, 2, idx.expand(rows, heads, kept, layer.values.shape[-1]))
-        if hasattr(layer, "cumulative_length"):  # sliding-window layers count their slots
-            layer.cumulative_length = kept
-    return valid.gather(1, order)
+    return order

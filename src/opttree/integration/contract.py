@@ -25,8 +25,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 from transformers import GenerationConfig
-from transformers.generation.configuration_utils import ALL_STATIC_CACHE_IMPLEMENTATIONS
 from transformers.generation.utils import GenerationMixin
+
+from ..hf.tree_cache import IMPLEMENTATION_FIX, OBJECT_FIX, implementation_refused
 
 __all__ = ["HONOURED", "NOT_APPLYING", "REFUSED", "Refusal", "generate_arguments", "placement", "unplaced"]
 
@@ -34,12 +35,6 @@ __all__ = ["HONOURED", "NOT_APPLYING", "REFUSED", "Refusal", "generate_arguments
 def _given(value) -> bool:
     """Any value but generate()'s "not given" (None, False)."""
     return value is not None and value is not False
-
-
-def _rewritable_cache(value) -> bool:
-    """None, "dynamic", or a static cache that is not offloaded ("static", and the names transformers
-    keeps for it: "sliding_window", "hybrid", "hybrid_chunked", which build a StaticCache)."""
-    return value in (None, "dynamic") or (value in ALL_STATIC_CACHE_IMPLEMENTATIONS and "offloaded" not in value)
 
 
 @dataclass(frozen=True)
@@ -190,16 +185,16 @@ REFUSED: dict[str, Refusal] = {
         "opttree's verification forward scores a whole tree, so per-token hidden states are not generate()'s; "
         + NO_DRAFT, example=True),
     "cache_implementation": Refusal(
-        "opttree keeps only the accepted path in a cache it can rewrite (dynamic or static): use "
-        "cache_implementation='static' or drop it",
-        lambda v: not _rewritable_cache(v), "arguments.check_dropped_arguments (by value) and hf.kv_cache.check_cache "
-        "(by the cache's type: the custom_generate callable sees the cache generate() built)", "offloaded_static"),
-    "cache": Refusal("opttree starts from an empty DynamicCache or StaticCache: pass an empty one or drop it", _given,
-                     "hf.kv_cache.check_cache"),
-    "past_key_values": Refusal("opttree starts from an empty DynamicCache or StaticCache: pass an empty one or drop it",
-                               _given, "hf.kv_cache.check_cache"),
-    "cache_params": Refusal("opttree starts from an empty DynamicCache or StaticCache: pass an empty one or drop it",
-                            _given, "hf.kv_cache.check_cache (generate() renames it cache=)"),
+        IMPLEMENTATION_FIX, implementation_refused,
+        "arguments.check_dropped_arguments (by value, before generate() builds the cache) and "
+        "hf.tree_cache.check_cache (by the cache generate() built: all a custom_generate callable sees)",
+        "offloaded_static"),
+    "cache": Refusal("an offloaded, quantized or filled cache, or a StaticCache too small for the call; "
+                     + OBJECT_FIX, _given, "hf.tree_cache.check_cache"),
+    "past_key_values": Refusal("an offloaded, quantized or filled cache, or a StaticCache too small for the call; "
+                               + OBJECT_FIX, _given, "hf.tree_cache.check_cache"),
+    "cache_params": Refusal("an offloaded, quantized or filled cache, or a StaticCache too small for the call; "
+                            + OBJECT_FIX, _given, "hf.tree_cache.check_cache (generate() renames it cache=)"),
     "position_ids": Refusal(
         "opttree places every token by the attention mask, as generate() does by default; drop position_ids=",
         checked_by="arguments.check_model_kwargs"),
