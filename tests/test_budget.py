@@ -679,3 +679,24 @@ def test_a_tree_is_padded_to_the_cheapest_measured_size_that_holds_it():
     policy = AutoPolicy(TreeConfig(nodes="auto"), lat)
     assert policy.verify_rows(1) == 4
     assert FixedPolicy(TreeConfig(nodes=5)).verify_rows(1) == 2 and FixedPolicy(TreeConfig(nodes=5)).verify_rows(5) == 8
+
+
+def test_calibration_times_a_sliding_window_model_past_its_window_as_decoding_runs_it(monkeypatch):
+    """measure_verify on a Mistral whose 16-token window is far shorter than the 256-token prefix it
+    times on (before: a raw sdpa size error, "(16) must match (257)"): the cache keeps every slot and
+    the mask is the sliding one, as in decoding. Control: the forwards it times see the window."""
+    from models import windowed_model
+    from opttree.tree import masks
+
+    target = windowed_model("mistral", 16)
+    seen = []
+    real = masks.tree_forward_inputs
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("layout"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(masks, "tree_forward_inputs", spy)
+    times = calibration.measure_verify(target, sizes=(1, 7), prefix=calibration.CALIBRATION_PREFIX, repeats=1)
+    assert len(times) == 2 and all(t > 0 for t in times)
+    assert seen and all(layout is not None and layout.windowed for layout in seen)

@@ -116,3 +116,40 @@ def test_a_static_cache_with_a_batch_is_refused_by_name():
     target = tiny_model("llama")
     with pytest.raises(NotImplementedError, match="StaticCache with a batch"):
         run(target, target, ids(batch=2), cache_implementation="static")
+
+
+def test_a_draft_on_the_meta_device_is_refused_up_front_and_its_fix_works():
+    """A draft built under torch.device("meta") has no weights (before: "Cannot copy out of meta tensor"
+    from the tree builder, mid-draft). Refused before any forward, by every way in; the fix it names
+    (to_empty, then load weights) works."""
+    from test_contract import counted_forwards, ways
+
+    target = tiny_model("llama")
+    target.generation_config.eos_token_id = None
+    with torch.device("meta"):
+        draft = tiny_model("llama", seed=1)
+    for way, call in ways(target, draft).items():
+        with counted_forwards(target) as forwards, pytest.raises(ValueError, match=r"draft model's weights are on "
+                                                                 r"the meta device.*to_empty"):
+            call(input_ids=ids(), max_new_tokens=4, do_sample=False, nodes=4)
+        assert forwards == [], way
+    draft.to_empty(device="cpu")
+    draft.load_state_dict(tiny_model("llama", seed=1).state_dict())
+    plain = target.generate(ids(), max_new_tokens=5, do_sample=False)
+    assert torch.equal(run(target, draft, ids(), nodes=4), plain)
+
+
+def test_a_target_on_the_meta_device_is_refused_by_name():
+    with torch.device("meta"):
+        target = tiny_model("llama")
+    with pytest.raises(ValueError, match="target model's weights are on the meta device"):
+        run(target, "prompt_lookup", ids())
+
+
+def test_the_output_is_long_as_plain_s_whatever_the_prompt_s_dtype():
+    target = tiny_model("llama")
+    prompt = ids().to(torch.int32)
+    plain = target.generate(prompt, max_new_tokens=5, do_sample=False)
+    out = run(target, target, prompt, nodes=4)
+    assert out.dtype == plain.dtype == torch.long and out.device == plain.device
+    assert torch.equal(out, plain)

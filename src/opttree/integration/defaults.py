@@ -44,13 +44,11 @@ class TreeArguments:
         return cls(given, TreeConfig(**given))
 
     @classmethod
-    def taken_from(cls, kwargs: dict) -> "TreeArguments":
-        """The tree arguments among generate()'s keyword arguments, taken out of ``kwargs`` (in place)."""
-        return cls.of(**{k: kwargs.pop(k) for k in TREE_ARGS if k in kwargs})
-
-    def updated(self, other: "TreeArguments") -> "TreeArguments":
-        """These arguments with ``other``'s given ones on top."""
-        return TreeArguments.of(**{**self.given, **other.given}) if other.given else self
+    def taken_from(cls, kwargs: dict, under: "TreeArguments | None" = None) -> "TreeArguments":
+        """The tree arguments among generate()'s keyword arguments, taken out of ``kwargs`` (in place),
+        over those of ``under`` (a SpeculativeGenerator's constructor's)."""
+        taken = {k: v for k in TREE_ARGS if (v := kwargs.pop(k, None)) is not None}
+        return cls.of(**{**(under.given if under else {}), **taken}) if taken or under is None else under
 
 
 def wants_default_size(given: dict) -> bool:

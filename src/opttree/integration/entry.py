@@ -215,7 +215,7 @@ class SpeculativeGenerator:
     def generate(self, inputs=None, generator: torch.Generator | None = None, **kwargs):
         """generate()'s arguments; tree arguments given here (``nodes=``, ``threshold=``, ...) override
         the constructor's for this call."""
-        tree = self.settings.updated(TreeArguments.taken_from(kwargs))  # bad settings fail before generate() runs
+        tree = TreeArguments.taken_from(kwargs, under=self.settings)  # bad settings fail before generate() runs
         if kwargs.get("draft_model") is not None or kwargs.get("custom_generate") is not None:
             raise ValueError("this SpeculativeGenerator already has its draft; pass draft_model= to its constructor, "
                              "or call the target's own generate() with draft_model=/custom_generate=")
