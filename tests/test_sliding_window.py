@@ -17,7 +17,7 @@ from transformers.masking_utils import create_masks_for_generate
 from models import WINDOWED_FAMILIES, partly_agreeing, peaked, windowed_model
 from opttree import SpeculativeGenerator, speculative, speculative_generate
 from opttree.tree import layout as layout_module
-from opttree.tree.layout import CHUNKED, FULL, SLIDING, MaskLayout, Window
+from opttree.tree.layout import CHUNKED, FULL, SLIDING, MaskLayout, Window  # noqa: F401
 
 WINDOW = 8
 PROMPT = torch.randint(3, 90, (1, 8), generator=torch.Generator().manual_seed(0))
@@ -120,8 +120,9 @@ def test_negative_control_the_window_left_out_of_the_masks_leaves_plain(family, 
     target = sharp(family)
     plain = target.generate(PROMPT, max_new_tokens=NEW, do_sample=False, output_logits=True,
                             return_dict_in_generate=True)
-    windowless = MaskLayout(((FULL, None),))
-    monkeypatch.setattr(layout_module.MaskLayout, "of", classmethod(lambda cls, config: windowless))
+    monkeypatch.setattr(layout_module.Window, "allows",  # every held key visible, whatever the window
+                        lambda self, queries, keys: torch.ones(queries.shape[0], queries.shape[1], keys.shape[1],
+                                                               dtype=torch.bool))
     out = spec(target, target)
     assert logit_gap(out, plain) > 10 * TOLERANCE, family  # Cohere2's window moves its logits least: 5e-4
 
@@ -261,3 +262,56 @@ def test_sampled_output_has_the_target_law_past_the_window():
     assert stat < critical, (stat, critical)
     stat, critical = chi_square(counts, wrong, n)
     assert stat > critical, (stat, critical)
+
+
+# ---------------------------------------------------------------------------------------------
+# one row's cache keeps the window, not the sequence
+
+
+def test_one_rows_cache_holds_the_window_and_the_deepest_path_not_the_sequence():
+    """48 tokens under a window of 8: before each verification forward every sliding layer holds at most
+    window - 1 + (max_depth + 1) committed slots (the deepest path a rewind may drop), the full layers
+    all of them; the output is plain's."""
+    from opttree.hf import kv_cache
+
+    target = sharp("gemma3")
+    held = []
+
+    def record(module, args, kwargs):
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        if kwargs.get("input_ids") is not None and kwargs["input_ids"].shape[1] > 1 and cache.get_seq_length():
+            held.append([(type(layer).__name__, layer.held() if type(layer) is kv_cache.WindowLayer
+                          else layer.get_seq_length()) for layer in cache.layers])
+
+    import copy
+
+    draft = copy.deepcopy(target)  # the hook counts the target's forwards only
+    hook = target.register_forward_pre_hook(record, with_kwargs=True)
+    try:
+        out = spec(target, draft, max_depth=6)
+    finally:
+        hook.remove()
+    plain = target.generate(PROMPT, max_new_tokens=NEW, do_sample=False)
+    assert torch.equal(out.sequences, plain)
+    windows = [n for step in held for kind, n in step if kind == "WindowLayer"]
+    fulls = [n for step in held for kind, n in step if kind != "WindowLayer"]
+    assert windows and max(windows) <= WINDOW - 1 + 7 and max(fulls) > WINDOW - 1 + 7  # control: the sequence grew
+
+
+def test_keeping_a_path_in_a_window_layer_moves_it_by_its_offset():
+    """A WindowLayer holding slots 12-19 of the sequence (offset 12): keeping [16, 18] behind slot 15 puts
+    them at 15, 16 (its 3, 4), drops the rest and trims to its last `keep`."""
+    from opttree.hf import kv_cache
+
+    cache = DynamicCache()
+    cache.layers = [kv_cache.WindowLayer(window=4, keep=3)]
+    keys = torch.arange(20, dtype=torch.float32).view(1, 1, 20, 1)  # value = sequence slot
+    cache.update(keys[..., :12, :], keys[..., :12, :].clone(), 0)
+    cache.layers[0].trim()
+    assert cache.layers[0].offset == 9 and cache.get_seq_length() == 12
+    cache.update(keys[..., 12:, :], keys[..., 12:, :].clone(), 0)  # a step's 8 tree slots: 12-19
+    kv_cache.keep_slots(cache, 13, [16, 18])
+    layer = cache.layers[0]
+    assert cache.get_seq_length() == 15 and layer.offset == 12
+    assert layer.keys[0, 0, :, 0].tolist() == [12, 16, 18]
+    assert kv_cache.window_offsets(cache) == {4: 12}

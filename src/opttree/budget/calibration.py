@@ -195,8 +195,8 @@ def _median(xs) -> float:
 def measure_verify(target, sizes=VERIFY_SIZES, prefix: int = CALIBRATION_PREFIX,
                    repeats: int = REPEATS) -> tuple[float, ...]:
     """T(n) for each n in ``sizes``: one target forward over a root and n tree nodes (children of
-    the root) on a ``prefix``-token cache, cropped back after each, as decoding runs it (the cache's
-    every layer full, sliding-window and chunked layers masked per layer type). The sizes take turns
+    the root) on a ``prefix``-token cache, cropped back after each, as decoding runs it (a sliding-window
+    or chunked layer holding its window, masked per layer type). The sizes take turns
     within each round, so a burst of load hits them alike; the first round warms up; medians."""
     from ..hf import kv_cache
 
@@ -207,12 +207,14 @@ def measure_verify(target, sizes=VERIFY_SIZES, prefix: int = CALIBRATION_PREFIX,
         cache = kv_cache.new_cache(target)
         ids = (torch.arange(prefix, dtype=torch.long) * 7 % vocab)[None, :].to(device)
         target(input_ids=ids, **with_cache(target, cache), use_cache=True, logits_to_keep=1)
+        kv_cache.keep_slots(cache, prefix, [])  # a sliding window's layers keep the window, as after a step
+        dropped = kv_cache.window_offsets(cache)
         inputs = {}
         for n in sizes:
             tree = DraftTree((torch.arange(n, dtype=torch.long) % vocab).to(device),
                              torch.full((n,), -1, dtype=torch.long, device=device), torch.ones(n, device=device))
             inputs[n] = verification_inputs(1, tree, prefix, target.dtype, size=padded_size(n + 1),
-                                            layout=layout).as_kwargs()
+                                            layout=layout, dropped=dropped).as_kwargs()
         for round_ in range(repeats + 1):
             for n in sizes:
                 start = time.perf_counter()
@@ -220,7 +222,7 @@ def measure_verify(target, sizes=VERIFY_SIZES, prefix: int = CALIBRATION_PREFIX,
                 _sync(device)
                 if round_ > 0:
                     times[n].append(time.perf_counter() - start)
-                kv_cache.keep_slots(cache, prefix, torch.empty(0, dtype=torch.long, device=device))
+                kv_cache.keep_slots(cache, prefix, [])
     return tuple(_median(times[n]) for n in sizes)
 
 

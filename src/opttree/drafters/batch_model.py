@@ -36,7 +36,7 @@ class BatchModelDrafter(DrafterRows):
         self._device = input_device(model)  # a drafter lives for one generate() call: the model stays put
         self.dtype = model.dtype  # its masks' dtype, read once (HF's ``model.dtype`` walks the parameters)
         self.layout = MaskLayout.of(model.config)  # its layers' windows (the masks honour them)
-        self.cache = kv_cache.new_cache(model)
+        self.cache = kv_cache.new_cache(model, rows)  # its sliding layers keep every slot: the rows sit apart
         self.valid = torch.zeros(rows, 0, dtype=torch.bool, device=self.device)  # [B, L] committed slots
         # [B, L] long, each slot's position (what a window counts), kept where the layout has windows
         self.index = torch.zeros(rows, 0, dtype=torch.long, device=self.device) if self.layout.windowed else None

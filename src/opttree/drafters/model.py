@@ -95,9 +95,10 @@ class ModelDrafter(Drafter):
         device = self.device
         columns = torch.cat([self.fed, on(frontier, self.fed.device)])  # [f + k] the tree part of the cache after this forward
         ancestors = pool.ancestor_mask().index_select(0, frontier)  # [k, m]
-        tail_positions = None
-        if self.layout.windowed:  # a window counts the fed nodes' positions too
+        tail_positions = dropped = None
+        if self.layout.windowed:  # a window counts the fed nodes' positions too; the cache holds only the window
             tail_positions = on(pool.ancestor_mask().index_select(0, columns).sum(dim=1) + (self.prefix_len - 1), device)
+            dropped = kv_cache.window_offsets(self.cache)
         inputs = tree_forward_inputs(
             on(pool.tokens.index_select(0, frontier), device),
             on(ancestors.sum(dim=1) + (self.prefix_len - 1), device),  # depth = ancestors, self included
@@ -107,6 +108,7 @@ class ModelDrafter(Drafter):
             self._slots_through(self.prefix_len + self.fed.shape[0] + frontier.shape[0]),
             layout=self.layout,
             tail_positions=tail_positions,
+            dropped=dropped,
         )
         logits = self._forward(**inputs.as_kwargs())
         self.fed = columns

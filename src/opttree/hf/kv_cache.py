@@ -10,8 +10,10 @@ Two kinds of cache are rewritten: a ``DynamicCache`` (it grows; the rest is crop
 ``max_cache_len`` slots from the start, a forward's mask spans them all, and a static layer writes
 its new keys at its own count, ``cumulative_length``; keeping the accepted path moves it in place
 and sets that count, and the stale slots after it are hidden by the mask until they are written again).
-Every layer of a cache rewritten here keeps every slot: a sliding-window layer is stood in for by a
-full one (:func:`full_layer`; :mod:`.tree_cache` opens a given cache so and closes it back).
+A sliding-window layer is stood in for by one a tree can be rewound in (:func:`full_layer`;
+:mod:`.tree_cache` opens a given cache so and closes it back): for one row a :class:`WindowLayer`,
+which keeps the window and the slots of the step in flight, for a batch or a static cache a layer
+that keeps every slot.
 """
 
 from __future__ import annotations
@@ -21,24 +23,76 @@ from transformers import DynamicCache, StaticCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer, StaticLayer, StaticSlidingWindowLayer
 
 
-def full_layer(layer, slots: int | None = None):
-    """The layer a tree cache keeps in place of a sliding-window (or chunked) one: every slot kept (the
-    tree masks hide what the window hides), so that a step's rejected nodes can be dropped again. A
-    DynamicSlidingWindowLayer keeps only its last window - 1 slots, so the nodes of a tree would push
-    committed tokens out; a StaticSlidingWindowLayer (replaced by a StaticLayer of ``slots`` slots)
-    rolls them out the same way. Any other layer is returned as it is."""
+class WindowLayer(DynamicLayer):
+    """A sliding-window (or chunked) layer that keeps what a rewind needs: every slot written since the
+    last step ended, and at a step's end (:func:`keep_slots`) its last ``keep`` committed slots, the
+    window's (``window - 1``: what the next root and any node under it can see) and a slack; the slots
+    before them are dropped and counted in ``offset``. Its slot i holds the sequence's slot
+    ``offset + i``; transformers' own masks read that from :meth:`get_mask_sizes`, opttree's tree masks
+    from :func:`window_offsets`."""
+
+    is_sliding = True
+
+    def __init__(self, window: int, keep: int):
+        super().__init__()
+        self.window = window
+        self.keep = keep
+        self.offset = 0
+
+    def held(self) -> int:
+        """The slots it holds (the sequence's from ``offset`` on)."""
+        return super().get_seq_length()
+
+    def get_seq_length(self) -> int:
+        return self.offset + self.held()
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.held() + query_length, self.offset
+
+    def trim(self) -> None:
+        """Drop the slots before the last ``keep``."""
+        extra = self.held() - self.keep
+        if extra > 0:
+            self.keys, self.values = self.keys[..., extra:, :], self.values[..., extra:, :]
+            self.offset += extra
+
+    def reset(self) -> None:
+        super().reset()
+        self.offset = 0
+
+
+def full_layer(layer, slots: int | None = None, slack: int | None = None):
+    """The layer a tree cache keeps in place of a sliding-window (or chunked) one, so that a step's
+    rejected nodes can be dropped again: a DynamicSlidingWindowLayer keeps only its last window - 1
+    slots, and a StaticSlidingWindowLayer rolls its slots out the same way, so a tree's nodes would
+    push committed tokens out. ``slack``: a :class:`WindowLayer` keeping window - 1 + slack committed
+    slots (one row); None: a DynamicLayer keeping every slot (a batch, whose rows sit at other
+    positions). A StaticSlidingWindowLayer gets a StaticLayer of ``slots`` slots. Any other layer is
+    returned as it is."""
     if type(layer) is DynamicSlidingWindowLayer:
-        return DynamicLayer()
+        return DynamicLayer() if slack is None else WindowLayer(layer.sliding_window, layer.sliding_window - 1 + slack)
     if type(layer) is StaticSlidingWindowLayer:
         return StaticLayer(max_cache_len=slots)
     return layer
 
 
-def new_cache(model) -> DynamicCache:
-    """An empty DynamicCache for ``model`` with full layers only (see :func:`full_layer`)."""
+def new_cache(model, rows: int = 1) -> DynamicCache:
+    """An empty DynamicCache for ``model`` that a tree can be rewound in (see :func:`full_layer`): its
+    sliding-window layers keep their window for one row, every slot for a batch of ``rows``."""
     cache = DynamicCache(config=model.config)
-    cache.layers = [full_layer(layer) for layer in cache.layers]
+    cache.layers = [full_layer(layer, slack=0 if rows == 1 else None) for layer in cache.layers]
     return cache
+
+
+def generate_cache(model) -> DynamicCache:
+    """The cache generate() makes by default (its layers as the config asks; a call opens it for trees)."""
+    return DynamicCache(config=model.config)
+
+
+def window_offsets(cache) -> dict[int, int]:
+    """{window: slots dropped before the ones held} of the cache's :class:`WindowLayer` layers (layers of one
+    window are trimmed alike); {} where there is none."""
+    return {layer.window: layer.offset for layer in cache.layers if type(layer) is WindowLayer}
 
 
 def is_static(cache) -> bool:
@@ -84,20 +138,25 @@ def keep_slots(cache: DynamicCache | StaticCache, start: int, slots: list[int],
     total = cache_length(cache)
     k = len(slots)
     if k and slots != list(range(start, start + k)):
-        index: dict[torch.device, torch.Tensor] = {}
+        index: dict[tuple[torch.device, int], torch.Tensor] = {}
         for layer in cache.layers:
             if not getattr(layer, "is_initialized", True):
                 continue
-            device = layer.keys.device
-            if device not in index:
-                index[device] = (torch.tensor(slots, dtype=torch.long, device=device) if on_device is None
-                                 else on_device.to(device))
-            layer.keys[..., start:start + k, :] = layer.keys[..., index[device], :]
-            layer.values[..., start:start + k, :] = layer.values[..., index[device], :]
+            shift = layer.offset if type(layer) is WindowLayer else 0  # its slot i is the sequence's offset + i
+            where = (layer.keys.device, shift)
+            if where not in index:
+                on = (torch.tensor(slots, dtype=torch.long, device=where[0]) if on_device is None
+                      else on_device.to(where[0]))
+                index[where] = on - shift if shift else on
+            layer.keys[..., start - shift:start - shift + k, :] = layer.keys[..., index[where], :]
+            layer.values[..., start - shift:start - shift + k, :] = layer.values[..., index[where], :]
     if is_static(cache):
         _set_static_length(cache, start + k)
     elif total > start + k:
         cache.crop(-(total - start - k))
+    for layer in cache.layers:
+        if type(layer) is WindowLayer:
+            layer.trim()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -10,8 +10,10 @@ continuous batching) and any other cache object, an offloaded one, a filled one,
 with a batch of prompts, and a static cache too small for the call.
 
 Opening (:func:`open_cache`): a sliding-window (or chunked) layer keeps only the last window of
-slots, so a tree's nodes would push committed tokens out of it; each one is stood in for by a full
-layer (``kv_cache.full_layer``) while opttree decodes, and the tree masks hide what the window hides.
+slots, so a tree's nodes would push committed tokens out of it; each one is stood in for while
+opttree decodes (``kv_cache.full_layer``): for one prompt by a ``WindowLayer``, which keeps the
+window, the deepest accepted path and the step in flight; for a batch, or in a static cache, by a
+layer that keeps every slot. The tree masks hide what the window hides.
 A static cache's full layers get the room of one padded tree beyond the call's tokens while they
 hold no tensor yet. Closing (:meth:`TreeCache.close`) puts the sliding layers back, holding what
 plain decoding leaves in them (the last window of the committed tokens), and, for a cache the user
@@ -37,7 +39,9 @@ IMPLEMENTATION_FIX = ("opttree rewrites a DynamicCache or a StaticCache on the m
 OBJECT_FIX = ("pass an empty DynamicCache(config=model.config) or StaticCache(config=model.config, max_cache_len=...), "
               "or no cache at all")
 
-LAYERS = {DynamicCache: (DynamicLayer, DynamicSlidingWindowLayer), StaticCache: (StaticLayer, StaticSlidingWindowLayer)}
+#: the layers of each cache class that opttree rewrites (a WindowLayer: one it made, kv_cache.new_cache)
+LAYERS = {DynamicCache: (DynamicLayer, DynamicSlidingWindowLayer, kv_cache.WindowLayer),
+          StaticCache: (StaticLayer, StaticSlidingWindowLayer)}
 
 
 def implementation_refused(value) -> bool:
@@ -53,6 +57,7 @@ class CacheNeed:
     plain: int  # the slots plain generate() fills (max_length - 1): a static cache that holds fewer fails plain too
     rows: int  # prompts in the batch
     implementation: str | None = None  # generation_config.cache_implementation (None: the cache was passed in or is the default)
+    depth: int = 0  # the longest path a step may accept: what a sliding layer keeps beyond its window (the end's rewind)
 
 
 def check_cache(cache, need: CacheNeed) -> None:
@@ -130,8 +135,9 @@ def open_cache(cache, need: CacheNeed) -> TreeCache:
         for layer in full:
             if not layer.is_initialized:  # nothing allocated yet: the tensors are made at the first forward, this long
                 layer.max_cache_len = slots
+    slack = need.depth + 1 if need.rows == 1 else None  # one row: the window, and the last step's path
     for index, layer in enumerate(cache.layers):
-        stand_in = kv_cache.full_layer(layer, slots)
+        stand_in = kv_cache.full_layer(layer, slots, slack)
         if stand_in is not layer:
             opened.stand_ins.append((index, layer))
             cache.layers[index] = stand_in
@@ -140,10 +146,11 @@ def open_cache(cache, need: CacheNeed) -> TreeCache:
 
 def _refill(layer, full, length: int) -> None:
     """A sliding layer given what plain decoding leaves in it after ``length`` tokens, from ``full``, the
-    full layer that stood in for it."""
+    layer that stood in for it (holding the sequence's slots from its offset on, up to ``length``)."""
     if not full.is_initialized:
         return
-    keys, values = full.keys[..., :length, :], full.values[..., :length, :]
+    held = length - (full.offset if type(full) is kv_cache.WindowLayer else 0)
+    keys, values = full.keys[..., :held, :], full.values[..., :held, :]
     if type(layer) is DynamicSlidingWindowLayer:
         layer.lazy_initialization(keys, values)
         layer.keys = keys[..., -layer.sliding_window + 1:, :].clone()  # what its update() keeps
@@ -155,8 +162,8 @@ def _refill(layer, full, length: int) -> None:
     kept = min(length, layer.max_cache_len)
     layer.keys.zero_()
     layer.values.zero_()
-    layer.keys[..., :kept, :] = keys[..., length - kept:, :]
-    layer.values[..., :kept, :] = values[..., length - kept:, :]
+    layer.keys[..., :kept, :] = keys[..., held - kept:, :]
+    layer.values[..., :kept, :] = values[..., held - kept:, :]
     layer.cumulative_length.fill_(kept)
     layer.cumulative_length_int = length
 

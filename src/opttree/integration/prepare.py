@@ -102,9 +102,10 @@ def prepare(model, call: GenerateCall, options: Options) -> DecodeCall:
     config = resolve(options.tree, can_calibrate=calibration.calibration_prefix(model, drafter) is not None)
     max_length = call.stopping_criteria.max_length or config_in.max_length
     need = CacheNeed(room=cache_room(input_ids, max_length, max_context, config, largest_tree(config)),
-                     plain=max_length - 1, rows=rows, implementation=config_in.cache_implementation)
+                     plain=max_length - 1, rows=rows, implementation=config_in.cache_implementation,
+                     depth=config.max_depth)
     cache = cache_from_generate(kwargs)
-    cache = kv_cache.new_cache(model) if cache is None else cache
+    cache = kv_cache.generate_cache(model) if cache is None else cache  # none: use_cache=False
     drafters = drafter.rows(rows)
     for each in [cache, *drafters.caches()]:
         check_cache(each, need)

@@ -255,7 +255,7 @@ def speculative_decode(target, drafter: Drafter | DrafterRows, input_ids: torch.
 
         # 2. verify: ONE target forward over every row's root and tree
         roots = rows[0].sequence[-1:] if len(rows) == 1 else torch.stack([row.sequence[-1] for row in rows])
-        inputs = slots.inputs(roots, trees, rows, dtype)
+        inputs = slots.inputs(roots, trees, rows, dtype, cache)
         first = not every_row[0].stats.steps  # the roots are the prompts' last tokens
         extra = None if model_inputs is None else model_inputs.verify(target, inputs.input_ids,
                                                                      [row.index for row in rows], first)

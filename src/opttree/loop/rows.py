@@ -127,13 +127,15 @@ class Slots:
             return rows[0].policy.verify_rows(needed - 1)
         return padded_size(needed)
 
-    def inputs(self, roots: torch.Tensor, trees: list[DraftTree], rows: list[Row], dtype: torch.dtype) -> ForwardInputs:
+    def inputs(self, roots: torch.Tensor, trees: list[DraftTree], rows: list[Row], dtype: torch.dtype,
+               cache) -> ForwardInputs:
         """The verification forward's inputs: roots [R] long, then each row's tree, then dummy rows
-        up to :meth:`size`."""
+        up to :meth:`size` (masks as ``cache`` holds the slots: one row's keeps only a window's)."""
         size = self.size(trees, rows)
         if self.valid is None:
+            dropped = kv_cache.window_offsets(cache) if self.layout is not None and self.layout.windowed else None
             return verification_inputs(roots, trees[0], self.length, dtype, size=size, kv_len=self.kv_len,
-                                       layout=self.layout)
+                                       layout=self.layout, dropped=dropped)
         positions = torch.tensor(self.root_positions(rows), device=roots.device)
         if self.index is None:
             return batch_verification_inputs(roots, trees, positions, self.valid, dtype, size=size)

@@ -77,17 +77,23 @@ class MaskLayout:
         """Whether any layer sees less than the whole sequence."""
         return any(window is not None for _, window in self.windows)
 
-    def masks(self, visible: torch.Tensor, queries: torch.Tensor, keys: torch.Tensor, dtype: torch.dtype):
+    def masks(self, visible: torch.Tensor, queries: torch.Tensor, keys: torch.Tensor, dtype: torch.dtype,
+              dropped: dict[int, int] | None = None):
         """The forward's ``attention_mask``: one [B, 1, q, kv] additive mask in ``dtype`` where every layer
         sees the same (a single window, or none), else ``{layer type: mask}`` (only a config with
         ``layer_types`` has several, and its model takes the mapping).
 
         visible: [B, q, kv] bool, what the tree and the rows allow; queries: [B, q] long and keys: [B, kv]
         long, the sequence indices of the new tokens and of every key slot (a hidden slot's index is
-        never read)."""
-        distinct = dict.fromkeys(window for _, window in self.windows)
-        made = {window: _additive(visible if window is None else visible & window.allows(queries, keys), dtype)
-                for window in distinct}
+        never read). dropped: {window size: leading slots a layer of that window no longer holds} (a
+        cache that keeps only the window: its mask starts after them); None: every layer holds every slot."""
+        made = {}
+        for window in dict.fromkeys(window for _, window in self.windows):
+            if window is None:
+                made[window] = _additive(visible, dtype)
+                continue
+            skip = dropped.get(window.size, 0) if dropped else 0
+            made[window] = _additive((visible & window.allows(queries, keys))[..., skip:], dtype)
         if len(made) == 1:
             return next(iter(made.values()))
         return {kind: made[window] for kind, window in self.windows}

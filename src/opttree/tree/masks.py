@@ -19,8 +19,9 @@ padding and holes are hidden), and its rotary positions count only its own token
 A model with sliding-window or chunked layers (:class:`~opttree.tree.layout.MaskLayout`, given as
 ``layout``) gets each layer type its own mask: what the tree allows AND what the window allows,
 from the sequence index of every query and key slot (a dict ``{layer type: mask}`` where the types
-differ). Without windows (``layout`` None or windowless) the masks are built as above, with no
-extra op.
+differ), starting after the slots a window's layers no longer hold (``dropped``: one row's cache
+keeps only the window, kv_cache.WindowLayer). Without windows (``layout`` None or windowless) the
+masks are built as above, with no extra op.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ def tree_forward_inputs(
     kv_len: int | None = None,  # the mask's key length: a static cache's length (≥ past_len + q); None: past_len + q
     layout: MaskLayout | None = None,  # the model's layer types and windows; None: every layer sees everything
     tail_positions: torch.Tensor | None = None,  # [c] long, the last c columns' positions; None: ``positions`` (c = q)
+    dropped: dict[int, int] | None = None,  # {window size: leading slots its layers no longer hold} (kv_cache.WindowLayer)
 ) -> ForwardInputs:
     """Inputs for q new tokens that see all cached tokens but the last ``c - q`` of them (earlier
     tree nodes), and of the last c columns (those nodes and the new tokens) what ``tail_visible``
@@ -78,7 +80,7 @@ def tree_forward_inputs(
     kv = past_len + q
     if layout is not None and layout.windowed:
         mask = _windowed_row_mask(positions, tail_visible, kv, kv_len or kv, layout, dtype,
-                                  positions if tail_positions is None else tail_positions)
+                                  positions if tail_positions is None else tail_positions, dropped)
     else:
         mask = torch.nn.functional.pad(_additive(tail_visible, dtype), (kv - c, 0))  # [q, kv] additive, the prefix visible
         if kv_len is not None and kv_len > kv:
@@ -93,7 +95,8 @@ def tree_forward_inputs(
 
 
 def _windowed_row_mask(positions: torch.Tensor, tail_visible: torch.Tensor, kv: int, kv_len: int,
-                       layout: MaskLayout, dtype: torch.dtype, tail_positions: torch.Tensor):
+                       layout: MaskLayout, dtype: torch.dtype, tail_positions: torch.Tensor,
+                       dropped: dict[int, int] | None):
     """One row's masks per layer type. positions: [q] the queries' indices; tail_visible: [q, c];
     tail_positions: [c]; the first kv - c slots hold indices 0 … kv - c - 1, slots from kv on are hidden."""
     q, c = tail_visible.shape
@@ -101,14 +104,15 @@ def _windowed_row_mask(positions: torch.Tensor, tail_visible: torch.Tensor, kv: 
     visible = torch.nn.functional.pad(visible, (0, kv_len - kv), value=False)  # [q, kv_len]: a static cache's rest hidden
     keys = torch.cat([torch.arange(kv - c, device=positions.device), tail_positions,
                       positions.new_zeros(kv_len - kv)])  # [kv_len]
-    return layout.masks(visible[None], positions[None], keys[None], dtype)
+    return layout.masks(visible[None], positions[None], keys[None], dtype, dropped)
 
 
 def verification_inputs(root_token, tree: DraftTree, past_len: int, dtype: torch.dtype, size: int | None = None,
-                        kv_len: int | None = None, layout: MaskLayout | None = None) -> ForwardInputs:
+                        kv_len: int | None = None, layout: MaskLayout | None = None,
+                        dropped: dict[int, int] | None = None) -> ForwardInputs:
     """The target's input: the root (position past_len), every tree node (past_len + depth), then
-    dummy rows up to ``size`` rows (None: none; see the module docstring). ``kv_len``, ``layout``: as
-    :func:`tree_forward_inputs`.
+    dummy rows up to ``size`` rows (None: none; see the module docstring). ``kv_len``, ``layout``,
+    ``dropped``: as :func:`tree_forward_inputs`.
 
     root_token: an int or a [1] long tensor. Row 0 of the output predicts the root's children;
     row 1 + i those of node i; rows from len(tree) + 1 on are the dummies'.
@@ -122,7 +126,7 @@ def verification_inputs(root_token, tree: DraftTree, past_len: int, dtype: torch
     tokens = torch.cat([root, tree.tokens, root.expand(extra)])  # [size]
     positions = torch.nn.functional.pad(tree.depths(), (1, extra)) + past_len  # [size], dummies at the root's
     return tree_forward_inputs(tokens, positions, tree_visibility(tree, extra), past_len, dtype, kv_len=kv_len,
-                               layout=layout)
+                               layout=layout, dropped=dropped)
 
 
 def tree_visibility(tree: DraftTree, extra: int = 0) -> torch.Tensor:
