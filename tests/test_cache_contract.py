@@ -109,26 +109,25 @@ def test_caches_generate_builds_elsewhere_are_refused_where_opttree_sees_the_val
             run(input_ids=prompt(), max_new_tokens=NEW, do_sample=False, cache_implementation=value)
 
 
-def test_paged_on_the_third_way_never_reaches_opttree(pair, capsys):
+def test_paged_on_the_third_way_never_reaches_opttree(pair, monkeypatch):
     """transformers' limit, pinned: given cache_implementation="paged", generate() hands the call to its
-    continuous batching before it looks at custom_generate=, so a callable it never calls cannot refuse
-    it (the other ways refuse it before generate() runs). The day this changes, this test fails and the
-    refusal belongs in the callable."""
+    continuous batching (generate_batch) before it looks at custom_generate=, so a callable it never
+    calls cannot refuse it (the other ways refuse it before generate() runs). The day this changes, this
+    test fails and the refusal belongs in the callable. (generate_batch is stubbed: the real one sizes a
+    paged cache from the machine's free memory.)"""
     from opttree import speculative_generate
 
     target, _ = pair
-    called = []
+    called, batched = [], []
 
     def spy(*args, **kwargs):
         called.append(1)
         return speculative_generate(*args, **kwargs)
 
-    try:
-        target.generate(prompt(), max_new_tokens=2, do_sample=False, custom_generate=spy,
-                        draft_model="no/such/folder", cache_implementation="paged")
-    except Exception:  # noqa: BLE001 - continuous batching may not run on this machine at all
-        pass
-    assert called == []
+    monkeypatch.setattr(target, "generate_batch", lambda *args, **kwargs: batched.append(1) or {}, raising=False)
+    target.generate(prompt(), max_new_tokens=2, do_sample=False, custom_generate=spy, draft_model="no/such/folder",
+                    cache_implementation="paged")
+    assert batched == [1] and called == []
 
 
 def test_the_contract_names_every_cache_implementation_transformers_has():
