@@ -157,3 +157,25 @@ def test_a_stale_count_is_caught(monkeypatch):
     except IndexError:  # the stale count runs the writes off the cache's end
         return
     assert not torch.equal(out, plain)
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+@pytest.mark.parametrize("hidden", ["left padding", "a pad id inside"])
+def test_one_prompt_with_hidden_tokens_in_a_static_cache(family, hidden):
+    """One prompt whose mask hides tokens (left padding, or the pad id generate() masks itself) in a
+    static cache: the rows' masks span the cache's slots (before: a raw size error from the attention)."""
+    from models import windowed_model
+
+    target = no_eos(peaked(windowed_model("gemma3", 8) if family == "gemma3" else tiny_model(family), 30.0))
+    ids = torch.randint(3, 90, (1, 12), generator=torch.Generator().manual_seed(5))
+    kw = dict(max_new_tokens=24, do_sample=False, cache_implementation="static")
+    if hidden == "left padding":
+        ids[0, :3] = target.generation_config.pad_token_id
+        kw["attention_mask"] = (torch.arange(12) >= 3).long()[None]
+    else:
+        ids[0, [2, 9]] = target.generation_config.pad_token_id
+    plain = target.generate(ids, **kw)
+    for draft in (target, partly_agreeing(target)):
+        out = target.generate(ids, custom_generate=speculative_generate, draft_model=draft, nodes=8, threshold=0.0,
+                              **kw)
+        assert torch.equal(out, plain)

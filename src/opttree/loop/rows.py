@@ -138,10 +138,10 @@ class Slots:
                                        layout=self.layout, dropped=dropped)
         positions = torch.tensor(self.root_positions(rows), device=roots.device)
         if self.index is None:
-            return batch_verification_inputs(roots, trees, positions, self.valid, dtype, size=size)
+            return batch_verification_inputs(roots, trees, positions, self.valid, dtype, size=size, kv_len=self.kv_len)
         indices = torch.tensor([row.root_index for row in rows], device=roots.device)
         return batch_verification_inputs(roots, trees, positions, self.valid, dtype, size=size, layout=self.layout,
-                                         prefix_indices=self.index, root_indices=indices)
+                                         prefix_indices=self.index, root_indices=indices, kv_len=self.kv_len)
 
     def keep(self, cache, acceptances: list[Acceptance], rows: list[Row]) -> None:
         """Each row keeps its root and accepted path (the verify forward put row b's root at
@@ -164,7 +164,7 @@ class Slots:
         if self.index is not None:  # the root's index, then one more per accepted node (holes: never read)
             roots = torch.tensor([row.root_index for row in rows], device=self.index.device)
             self.index = torch.cat([self.index, roots[:, None] + steps], dim=1)
-        if kv_cache.worth_compacting(self.valid):
+        if self.kv_len is None and kv_cache.worth_compacting(self.valid):  # a static cache keeps its slots
             order = kv_cache.compact_rows(cache, self.valid)
             self.valid = self.valid.gather(1, order)
             self.index = None if self.index is None else self.index.gather(1, order)

@@ -189,7 +189,7 @@ def batch_forward_inputs(tokens: torch.Tensor, positions: torch.Tensor, visible:
 def batch_verification_inputs(roots: torch.Tensor, trees: list[DraftTree], root_positions: torch.Tensor,
                               prefix_visible: torch.Tensor, dtype: torch.dtype, size: int | None = None,
                               layout: MaskLayout | None = None, prefix_indices: torch.Tensor | None = None,
-                              root_indices: torch.Tensor | None = None) -> ForwardInputs:
+                              root_indices: torch.Tensor | None = None, kv_len: int | None = None) -> ForwardInputs:
     """The target's input for a batch: row b = its root, its tree, then dummy nodes up to the
     largest tree, or to ``size`` rows (the root's token, seeing the prefix and themselves; their
     outputs are unused).
@@ -198,7 +198,8 @@ def batch_verification_inputs(roots: torch.Tensor, trees: list[DraftTree], root_
     committed tokens before it); prefix_visible: [B, past_len] bool, the slots of each row's
     committed tokens. Row b's logits are output rows 0 … len(trees[b]) (0 = the root).
     A windowed ``layout`` also needs the sequence index of every prefix slot (``prefix_indices``
-    [B, past_len] long) and of each root (``root_indices`` [B]; None: ``root_positions``).
+    [B, past_len] long) and of each root (``root_indices`` [B]; None: ``root_positions``). ``kv_len``: a
+    static cache's length (the masks span it, the slots after the new tokens hidden).
     """
     rows, past_len = prefix_visible.shape
     q = max(1 + max(len(tree) for tree in trees), size or 0)
@@ -212,8 +213,11 @@ def batch_verification_inputs(roots: torch.Tensor, trees: list[DraftTree], root_
         positions[b, 1:n + 1] += tree.depths()
         tail[b, :n + 1, :n + 1] = tree_visibility(tree)
     visible = row_visibility(prefix_visible, tail, past_len)
+    extra = 0 if kv_len is None else kv_len - past_len - q  # a static cache's slots after the new tokens: hidden
+    if extra:
+        visible = torch.nn.functional.pad(visible, (0, extra), value=False)  # [B, q, kv_len]
     if layout is None or not layout.windowed:
         return batch_forward_inputs(tokens, positions, visible, past_len, dtype)
     queries = positions if root_indices is None else positions + (root_indices - root_positions)[:, None]  # [B, q]
-    keys = row_indices(prefix_indices, queries, past_len + q)
+    keys = torch.nn.functional.pad(row_indices(prefix_indices, queries, past_len + q), (0, extra))
     return batch_forward_inputs(tokens, positions, visible, past_len, dtype, layout, keys, queries)
