@@ -163,7 +163,7 @@ def keep_slots(cache: DynamicCache | StaticCache, start: int, slots: list[int],
 # batches (loop/rows.py): rows share the slots; a row's unused slots are holes its mask hides
 
 
-def keep_row_slots(cache: DynamicCache, start: int, slots: torch.Tensor) -> None:
+def keep_row_slots(cache: DynamicCache | StaticCache, start: int, slots: torch.Tensor) -> None:
     """Row b keeps slots ``[0, start)`` followed by ``slots[b]``; everything after is dropped.
 
     slots: [B, k] long, each >= start. A row that keeps fewer than k slots repeats one of them:
@@ -180,7 +180,9 @@ def keep_row_slots(cache: DynamicCache, start: int, slots: torch.Tensor) -> None
             layer.keys[..., start:start + k, :] = torch.gather(layer.keys, 2, idx)
             idx = slots.to(layer.values.device)[:, None, :, None].expand(rows, heads, k, layer.values.shape[-1])
             layer.values[..., start:start + k, :] = torch.gather(layer.values, 2, idx)
-    if total > start + k:
+    if is_static(cache):  # one prompt whose mask hides tokens (its rows are one)
+        _set_static_length(cache, start + k)
+    elif total > start + k:
         cache.crop(-(total - start - k))
 
 
