@@ -124,14 +124,3 @@ def windowed_model(family: str, window: int = 8, seed: int = 0, layers: int = 3,
     model.generation_config.bos_token_id = None
     return model.eval()
 
-
-def without_window(model):
-    """The same weights with every layer seeing the whole sequence (a negative control's model)."""
-    import copy
-
-    full = copy.deepcopy(model)
-    text = full.config.get_text_config()
-    for name in ("sliding_window", "attention_chunk_size"):
-        if getattr(text, name, None) is not None:
-            setattr(text, name, 1 << 20)  # wider than any test's sequence (some families need a value)
-    return full
