@@ -73,3 +73,54 @@ def partly_agreeing(target, fraction: float = 0.5, seed: int = 0):
         weight[a], weight[b] = head.weight[b].detach().clone(), head.weight[a].detach().clone()
     head.weight = torch.nn.Parameter(weight)
     return draft
+
+
+# ---------------------------------------------------------------------------------------------
+# families whose attention sees a window (sliding) or a chunk of the sequence, not all of it
+
+def windowed_config(family: str, window: int = 8, layers: int = 3, hidden: int = 32):
+    """A tiny config whose layers (some or all) see only ``window`` tokens: a sliding window (the
+    newest ``window`` keys) or, for "llama4", the current chunk of ``window`` tokens. Each family
+    takes its windows the way transformers reads them: ``layer_types`` where the config has them,
+    else ``sliding_window`` / ``attention_chunk_size`` for every layer."""
+    c = _common(layers, hidden)
+    c["max_position_embeddings"] = 512
+    if family == "mistral":  # no layer_types: every layer slides
+        return tf.MistralConfig(**c, num_key_value_heads=2, sliding_window=window)
+    if family == "starcoder2":
+        return tf.Starcoder2Config(**c, num_key_value_heads=2, sliding_window=window)
+    if family == "gemma2":  # sliding and full layers in turn
+        return tf.Gemma2Config(**c, num_key_value_heads=2, head_dim=8, sliding_window=window)
+    if family == "gemma3":
+        return tf.Gemma3TextConfig(**c, num_key_value_heads=2, head_dim=8, sliding_window=window,
+                                   layer_types=["sliding_attention", "full_attention", "sliding_attention"][:layers])
+    if family == "gpt_oss":
+        return tf.GptOssConfig(**c, num_key_value_heads=2, head_dim=8, sliding_window=window, num_local_experts=4,
+                               num_experts_per_tok=2)
+    if family == "cohere2":
+        return tf.Cohere2Config(**c, num_key_value_heads=2, sliding_window=window,
+                                layer_types=["sliding_attention", "sliding_attention", "full_attention"][:layers])
+    if family == "qwen2":  # sliding from max_window_layers on
+        return tf.Qwen2Config(**c, num_key_value_heads=2, use_sliding_window=True, sliding_window=window,
+                              max_window_layers=1)
+    if family == "llama4":  # chunked attention, and a full layer
+        return tf.Llama4TextConfig(**c, num_key_value_heads=2, head_dim=8, attention_chunk_size=window,
+                                   intermediate_size_mlp=2 * hidden, num_local_experts=2,
+                                   layer_types=["chunked_attention", "full_attention", "chunked_attention"][:layers])
+    raise KeyError(family)
+
+
+WINDOWED_FAMILIES = ["mistral", "starcoder2", "gemma2", "gemma3", "gpt_oss", "cohere2", "qwen2", "llama4"]
+EAGER_ONLY = ("gemma2", "gpt_oss")  # transformers offers them no sdpa
+
+
+def windowed_model(family: str, window: int = 8, seed: int = 0, layers: int = 3, dtype=torch.float32):
+    torch.manual_seed(seed)
+    config = windowed_config(family, window, layers)
+    config._attn_implementation = "eager" if family in EAGER_ONLY else "sdpa"
+    model = tf.AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model.generation_config.pad_token_id = 0
+    model.generation_config.eos_token_id = None  # every run goes the whole length
+    model.generation_config.bos_token_id = None
+    return model.eval()
+

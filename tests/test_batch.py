@@ -448,8 +448,89 @@ def test_compact_rows_right_aligns_each_rows_slots():
     keys = torch.arange(2 * 5, dtype=torch.float32).view(2, 1, 5, 1)  # value = slot id
     cache.update(keys, keys.clone(), 0)
     valid = torch.tensor([[False, True, False, True, True], [True, False, True, False, False]])
-    new_valid = kv_cache.compact_rows(cache, valid)
-    assert new_valid.tolist() == [[True, True, True], [False, True, True]]
+    order = kv_cache.compact_rows(cache, valid)  # where each kept slot came from
+    assert order[0].tolist() == [1, 3, 4] and order[1, 1:].tolist() == [0, 2]  # (row 1's first: a hole)
+    assert valid.gather(1, order).tolist() == [[True, True, True], [False, True, True]]
     assert cache.layers[0].keys[:, 0, :, 0].tolist()[0] == [1, 3, 4]
     assert cache.layers[0].keys[:, 0, 1:, 0].tolist()[1] == [5, 7]  # (its first slot: a hole)
     assert cache.get_seq_length() == 3
+
+
+# ---------------------------------------------------------------------------------------------
+# a prompt that holds the pad token's id: generate() masks it out where no mask is given
+
+
+@pytest.mark.parametrize("family, where", [("llama", [3]), ("llama", [0, 4]), ("gemma", [2, 5]), ("gpt2", [4])])
+def test_a_single_prompt_holding_the_pad_id_runs_as_plain(family, where):
+    """One unpadded prompt with the pad id inside it (before: refused as "needs LEFT padding"). plain
+    generate() infers a mask that hides those tokens; opttree hides them too, and places the rest by the
+    mask as plain does. Negative control: the same prompt with nothing hidden gives other tokens."""
+    from test_contract import ways
+
+    target = peaked(tiny_model(family), 30.0)
+    target.generation_config.eos_token_id = None
+    pad = target.generation_config.pad_token_id
+    ids = torch.randint(3, 90, (1, 9), generator=torch.Generator().manual_seed(5))
+    ids[0, where] = pad
+    kw = dict(max_new_tokens=16, do_sample=False, output_logits=True, return_dict_in_generate=True)
+    plain = target.generate(ids, **kw)
+    unhidden = target.generate(ids, attention_mask=torch.ones_like(ids), **kw)
+
+    def gap(out) -> float:  # the largest logit difference from plain's, relative to plain's largest logit
+        scale = max(float(b.abs().max()) for b in plain.logits)
+        return max(float((a - b).abs().max()) for a, b in zip(out.logits, plain.logits)) / scale
+
+    assert gap(unhidden) > 1e-4  # the hidden tokens matter (ten times the tolerance below; gemma: 4e-4)
+    for way, run in ways(target, partly_agreeing(target)).items():
+        out = run(input_ids=ids, nodes=8, threshold=0.0, **kw)
+        assert torch.equal(out.sequences, plain.sequences) and gap(out) < 1e-5, way
+
+
+def test_a_pad_id_inside_a_prompt_past_a_sliding_window(monkeypatch):
+    """The window counts the hidden tokens' slots, as plain's cache does (a token's index in the row, not
+    its rotary position): exact past the window too. Negative control: windows counted in rotary
+    positions leave plain's logits."""
+    from models import windowed_model
+
+    target = peaked(windowed_model("gemma3", 8), 30.0)
+    ids = torch.randint(3, 90, (1, 12), generator=torch.Generator().manual_seed(5))
+    ids[0, [2, 9]] = target.generation_config.pad_token_id
+    kw = dict(max_new_tokens=30, do_sample=False, output_logits=True, return_dict_in_generate=True)
+    plain = target.generate(ids, **kw)
+
+    def gap(out) -> float:
+        scale = max(float(b.abs().max()) for b in plain.logits)
+        return max(float((a - b).abs().max()) for a, b in zip(out.logits, plain.logits)) / scale
+
+    def run(draft):
+        return target.generate(ids, custom_generate=speculative_generate, draft_model=draft, nodes=8, threshold=0.0,
+                               **kw)
+
+    for draft in (target, windowed_model("gemma3", 8, seed=1)):
+        out = run(draft)
+        assert torch.equal(out.sequences, plain.sequences) and gap(out) < 1e-5
+    of = batch_module.Slots.of.__func__
+
+    def by_position(cls, mask, padding, layout, kv_len):
+        slots = of(cls, mask, padding, layout, kv_len)
+        slots.index = mask[:, :-1].long().cumsum(1) - 1
+        return slots
+
+    monkeypatch.setattr(batch_module.Row, "root_index", property(lambda row: row.root_position))
+    monkeypatch.setattr(batch_module.Row, "root_position",
+                        property(lambda row: len(row.sequence) - row.pad - 1 - row.hidden))
+    monkeypatch.setattr(batch_module.Slots, "of", classmethod(by_position))
+    assert gap(run(target)) > 1e-3
+
+
+def test_a_prompt_ending_with_the_pad_id_is_refused_with_a_fix_that_works():
+    target = peaked(tiny_model("llama"), 30.0)
+    target.generation_config.eos_token_id = None
+    ids = torch.randint(3, 90, (1, 7), generator=torch.Generator().manual_seed(1))
+    ids[0, -1] = target.generation_config.pad_token_id
+    kw = dict(max_new_tokens=8, do_sample=False, custom_generate=speculative_generate, draft_model=target, nodes=4)
+    with pytest.raises(ValueError, match=r"attention_mask=torch.ones_like\(input_ids\)"):
+        target.generate(ids, **kw)
+    mask = torch.ones_like(ids)  # the fix
+    assert torch.equal(target.generate(ids, attention_mask=mask, **kw),
+                       target.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False))

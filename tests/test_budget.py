@@ -13,7 +13,7 @@ from opttree.budget import calibration
 from opttree.budget import latency as latency_module
 from opttree.budget.latency import (AutoPolicy, LatencyModel, LatencyTable, best_choice, best_size, expected_speed,
                                     layer_pays, layer_width, next_layer_guess)
-from opttree.integration import entry as integration
+from opttree.integration import prepare as integration  # the preparation: where a call meets its policy
 from opttree.tree.plan import FixedPolicy, LayerState, StepPlan
 from opttree.tree.builder import build_opt_tree
 from opttree.distill.head import new_head
@@ -744,3 +744,24 @@ def test_a_step_at_a_fitted_size_replaces_the_fit_from_its_second_step_on():
     every = LatencyModel(verify=LatencyTable((0, 15), (0.010, 0.016)))  # control: a table given whole
     every.observe(step(15, 0.02))
     assert every.verify.sizes == (0, 15) and every.verify_measured is None
+
+
+def test_calibration_times_a_sliding_window_model_past_its_window_as_decoding_runs_it(monkeypatch):
+    """measure_verify on a Mistral whose 16-token window is far shorter than the 256-token prefix it
+    times on (before: a raw sdpa size error, "(16) must match (257)"): the cache keeps every slot and
+    the mask is the sliding one, as in decoding. Control: the forwards it times see the window."""
+    from models import windowed_model
+    from opttree.tree import masks
+
+    target = windowed_model("mistral", 16)
+    seen = []
+    real = masks.tree_forward_inputs
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("layout"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(masks, "tree_forward_inputs", spy)
+    times = calibration.measure_verify(target, sizes=(1, 7), prefix=calibration.CALIBRATION_PREFIX, repeats=1)
+    assert len(times) == 2 and all(t > 0 for t in times)
+    assert seen and all(layout is not None and layout.windowed for layout in seen)

@@ -117,14 +117,14 @@ def test_a_failure_half_way_rewinds_the_static_cache_before_the_eager_run():
 
 def decode_with(target, forward: VerifyForward) -> torch.Tensor:
     """A static-cache decode whose verification forward is ``forward``."""
-    import opttree.integration.entry as entry
+    import opttree.integration.prepare as preparation
 
-    real = entry.VerifyForward.of
-    entry.VerifyForward.of = classmethod(lambda cls, *args: forward)
+    real = preparation.VerifyForward.of
+    preparation.VerifyForward.of = classmethod(lambda cls, *args: forward)
     try:
         return decode(target, target).sequences
     finally:
-        entry.VerifyForward.of = real
+        preparation.VerifyForward.of = real
 
 
 @pytest.fixture

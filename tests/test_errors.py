@@ -69,16 +69,18 @@ def test_attention_backend_that_ignores_tree_masks(impl):
         run(draft, target, ids())
 
 
-def test_batches_refuse_right_padding_holes_and_streamers():
-    """Batches themselves: test_batch.py (every drafter, "auto", scores). Each refusal names the fix."""
+def test_batches_refuse_right_padding_and_streamers_and_honour_holes():
+    """Batches themselves: test_batch.py (every drafter, "auto", scores). Each refusal names the fix. A
+    token the mask hides inside a prompt is hidden as plain hides it (test_batch.py: the pad id)."""
     target = tiny_model("llama")
     batch = ids(batch=2)
     mask = torch.ones_like(batch)
     mask[0, :2] = 0  # row 0 left-padded
     with pytest.raises(ValueError, match="padding_side = 'left'"):
         run(target, target, batch, attention_mask=mask.flip(1))  # right padding
-    with pytest.raises(ValueError, match="padding_side = 'left'"):
-        run(target, target, ids(), attention_mask=torch.tensor([[1, 1, 0, 1, 1, 1]]))  # a hole
+    hole = torch.tensor([[1, 1, 0, 1, 1, 1]])
+    assert torch.equal(run(target, target, ids(), attention_mask=hole),
+                       target.generate(ids(), attention_mask=hole, max_new_tokens=5, do_sample=False))
     from transformers import TextStreamer
 
     from opttree import SpeculativeGenerator
@@ -114,3 +116,40 @@ def test_a_static_cache_with_a_batch_is_refused_by_name():
     target = tiny_model("llama")
     with pytest.raises(NotImplementedError, match="StaticCache with a batch"):
         run(target, target, ids(batch=2), cache_implementation="static")
+
+
+def test_a_draft_on_the_meta_device_is_refused_up_front_and_its_fix_works():
+    """A draft built under torch.device("meta") has no weights (before: "Cannot copy out of meta tensor"
+    from the tree builder, mid-draft). Refused before any forward, by every way in; the fix it names
+    (to_empty, then load weights) works."""
+    from test_contract import counted_forwards, ways
+
+    target = tiny_model("llama")
+    target.generation_config.eos_token_id = None
+    with torch.device("meta"):
+        draft = tiny_model("llama", seed=1)
+    for way, call in ways(target, draft).items():
+        with counted_forwards(target) as forwards, pytest.raises(ValueError, match=r"draft model's weights are on "
+                                                                 r"the meta device.*to_empty"):
+            call(input_ids=ids(), max_new_tokens=4, do_sample=False, nodes=4)
+        assert forwards == [], way
+    draft.to_empty(device="cpu")
+    draft.load_state_dict(tiny_model("llama", seed=1).state_dict())
+    plain = target.generate(ids(), max_new_tokens=5, do_sample=False)
+    assert torch.equal(run(target, draft, ids(), nodes=4), plain)
+
+
+def test_a_target_on_the_meta_device_is_refused_by_name():
+    with torch.device("meta"):
+        target = tiny_model("llama")
+    with pytest.raises(ValueError, match="target model's weights are on the meta device"):
+        run(target, "prompt_lookup", ids())
+
+
+def test_the_output_is_long_as_plain_s_whatever_the_prompt_s_dtype():
+    target = tiny_model("llama")
+    prompt = ids().to(torch.int32)
+    plain = target.generate(prompt, max_new_tokens=5, do_sample=False)
+    out = run(target, target, prompt, nodes=4)
+    assert out.dtype == plain.dtype == torch.long and out.device == plain.device
+    assert torch.equal(out, plain)

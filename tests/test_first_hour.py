@@ -9,12 +9,12 @@ import pytest
 import torch
 import transformers as tf
 
-import opttree.integration.entry as integration
+import opttree.integration.prepare as integration  # the preparation: where a call meets its policy
 from models import peaked, tiny_model
 from opttree import SpeculativeGenerator, TreeConfig, speculative, speculative_generate
 from opttree.budget.latency import AutoPolicy
 from opttree.tree.plan import FixedPolicy
-from opttree.integration.defaults import resolve
+from opttree.integration.defaults import TreeArguments, resolve
 
 
 def pair():
@@ -75,11 +75,12 @@ def test_explicit_tree_arguments_keep_their_meaning(policies, given, expected):
 
 
 def test_where_auto_cannot_run_the_defaults_are_the_fixed_ones():
-    assert resolve({}) == TreeConfig(nodes="auto", threshold="auto")
-    assert resolve({}, can_calibrate=False) == TreeConfig()
-    assert resolve({"strategy": "sampled"}) == TreeConfig(strategy="sampled")
-    assert resolve({"verifier": "rrs"}) == TreeConfig(verifier="rrs")
-    assert resolve({"strategy": "chain"}) == TreeConfig(strategy="chain", nodes="auto", threshold="auto")
+    none = TreeArguments.of()
+    assert resolve(none) == TreeConfig(nodes="auto", threshold="auto")
+    assert resolve(none, can_calibrate=False) == TreeConfig()
+    assert resolve(TreeArguments.of(strategy="sampled")) == TreeConfig(strategy="sampled")
+    assert resolve(TreeArguments.of(verifier="rrs")) == TreeConfig(verifier="rrs")
+    assert resolve(TreeArguments.of(strategy="chain")) == TreeConfig(strategy="chain", nodes="auto", threshold="auto")
     assert TreeConfig().nodes == 60 and TreeConfig().threshold == 0.5  # the fixed defaults themselves
 
 

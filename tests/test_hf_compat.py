@@ -191,13 +191,13 @@ def test_the_hub_folder_equals_plain_greedy_and_passes_the_tree_arguments(monkey
     target, draft, ids = pair()
     ref = target.generate(ids, max_new_tokens=15, do_sample=False)
     seen = {}
-    real = integration._decode
+    real = integration.prepare
 
-    def spy(model, draft_model, given, *args, **kwargs):
-        seen.update(given, draft=draft_model)
-        return real(model, draft_model, given, *args, **kwargs)
+    def spy(model, call, options):
+        seen.update(options.tree.given, draft=options.draft_model)
+        return real(model, call, options)
 
-    monkeypatch.setattr(integration, "_decode", spy)
+    monkeypatch.setattr(integration, "prepare", spy)
     out = target.generate(ids, custom_generate=HUB_FOLDER, trust_remote_code=True, draft_model=draft,
                           nodes=9, threshold=0.3, max_new_tokens=15, do_sample=False)
     assert torch.equal(out, ref)
@@ -231,9 +231,9 @@ def test_a_generator_takes_tree_arguments_per_call(wrap, monkeypatch):
     if wrap:
         speculative(target)
     seen = {}
-    real = integration._decode
-    monkeypatch.setattr(integration, "_decode",
-                        lambda model, d, given, *a, **k: seen.update(given) or real(model, d, given, *a, **k))
+    real = integration.prepare
+    monkeypatch.setattr(integration, "prepare",
+                        lambda model, call, options: seen.update(options.tree.given) or real(model, call, options))
     gen = SpeculativeGenerator(target, draft, nodes=20, threshold=0.5)
     out = gen.generate(ids, nodes=4, max_new_tokens=10, do_sample=False)
     assert torch.equal(out, ref)

@@ -34,6 +34,7 @@ from ..kernels import linears
 from ..hf.compat import with_cache
 from ..tree.config import TreeConfig
 from ..tree.draft_tree import DraftTree
+from ..tree.layout import MaskLayout
 from ..tree.masks import verification_inputs
 from ..tree.plan import BudgetPolicy, FixedPolicy
 from .calibration_file import parse_document, parse_latency, read_keyed_file
@@ -212,28 +213,32 @@ def _median(xs) -> float:
 
 
 class VerifyRig:
-    """A target prefilled with ``prefix`` made-up tokens, ready to time verification forwards:
-    ``run(n)`` is one forward over the root and ``n`` tree nodes (children of the root, padded to
-    their verification size), the cache cropped back after it; its seconds."""
+    """A target prefilled with ``prefix`` made-up tokens, ready to time verification forwards as
+    decoding runs them: ``run(n)`` is one forward over the root and ``n`` tree nodes (children of the
+    root, padded to their verification size; a sliding-window or chunked layer holding its window,
+    masked per layer type), the cache cropped back after it; its seconds."""
 
     def __init__(self, target, prefix: int):
         from ..hf import kv_cache
 
         self.target, self.prefix, self.kv_cache = target, prefix, kv_cache
         self.device, self.vocab = target.device, int(target.get_input_embeddings().weight.shape[0])
+        self.layout = MaskLayout.of(target.config)
         self.inputs: dict[int, dict] = {}
         with torch.inference_mode():
             self.cache = kv_cache.new_cache(target)
             ids = (torch.arange(prefix, dtype=torch.long) * 7 % self.vocab)[None, :].to(self.device)
             target(input_ids=ids, **with_cache(target, self.cache), use_cache=True, logits_to_keep=1)
+            kv_cache.keep_slots(self.cache, prefix, [])  # a sliding window's layers keep the window, as after a step
+        self.dropped = kv_cache.window_offsets(self.cache)
 
     def _inputs(self, n: int) -> dict:
         if n not in self.inputs:
             device = self.device
             tree = DraftTree((torch.arange(n, dtype=torch.long) % self.vocab).to(device),
                              torch.full((n,), -1, dtype=torch.long, device=device), torch.ones(n, device=device))
-            self.inputs[n] = verification_inputs(1, tree, self.prefix, self.target.dtype,
-                                                 size=padded_size(n + 1)).as_kwargs()
+            self.inputs[n] = verification_inputs(1, tree, self.prefix, self.target.dtype, size=padded_size(n + 1),
+                                                 layout=self.layout, dropped=self.dropped).as_kwargs()
         return self.inputs[n]
 
     def run(self, n: int) -> float:
@@ -243,15 +248,16 @@ class VerifyRig:
             self.target(**inputs, **with_cache(self.target, self.cache), use_cache=True, logits_to_keep=0)
             _sync(self.device)
             seconds = time.perf_counter() - start
-            self.kv_cache.keep_slots(self.cache, self.prefix, torch.empty(0, dtype=torch.long, device=self.device))
+            self.kv_cache.keep_slots(self.cache, self.prefix, [])
         return seconds
 
 
 def measure_verify(target, sizes=VERIFY_NODES, prefix: int = CALIBRATION_PREFIX,
                    repeats: int = REPEATS) -> tuple[float, ...]:
     """T(n) for each n in ``sizes``: one target forward over a root and n tree nodes (children of
-    the root) on a ``prefix``-token cache, cropped back after each. The sizes take turns within
-    each round, so a burst of load hits them alike; the first round warms up; medians."""
+    the root) on a ``prefix``-token cache, cropped back after each, as decoding runs it (a sliding-window
+    or chunked layer holding its window, masked per layer type). The sizes take turns within each
+    round, so a burst of load hits them alike; the first round warms up; medians."""
     rig = VerifyRig(target, prefix)
     times: dict[int, list[float]] = {n: [] for n in sizes}
     for round_ in range(repeats + 1):

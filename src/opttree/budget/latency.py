@@ -315,6 +315,12 @@ def layer_width(mean_size: float, max_nodes: int) -> int:
     return max(min(MIN_WIDTH, max_nodes), min(round(WIDTH_PER_NODE * mean_size), max_nodes // 2))
 
 
+def largest_tree(config: TreeConfig) -> int:
+    """The most nodes a step of ``config`` verifies (what caches must make room for), known before any
+    calibration: AUTO_MAX_NODES for ``nodes="auto"``, else ``nodes``."""
+    return AUTO_MAX_NODES if config.nodes == "auto" else config.nodes
+
+
 class AutoPolicy:
     """``nodes="auto"`` and/or ``threshold="auto"`` against a measured :class:`LatencyModel`."""
 
@@ -325,7 +331,7 @@ class AutoPolicy:
         self.clock = clock
         self.auto_nodes = config.nodes == "auto"
         self.auto_threshold = config.threshold == "auto"
-        self.max_nodes = AUTO_MAX_NODES if self.auto_nodes else config.nodes
+        self.max_nodes = largest_tree(config)
         self.threshold = 0.0 if self.auto_threshold else config.threshold  # with "auto", `grow` decides
         self._start = clock()
         # the recent tree size, shared by later calls with the same settings (not by other settings)

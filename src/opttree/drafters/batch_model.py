@@ -14,8 +14,10 @@ import torch
 from ..hf import kv_cache
 from ..hf.compat import with_cache
 from ..tree.draft_probs import DraftProbs
-from ..tree.masks import batch_forward_inputs, row_visibility
+from ..tree.layout import MaskLayout
+from ..tree.masks import batch_forward_inputs, row_indices, row_visibility
 from .base import DrafterRows, ToProbs
+
 
 def input_device(model) -> torch.device:
     """Where a model's inputs go: its input embedding's device, or accelerate's execution device
@@ -33,8 +35,11 @@ class BatchModelDrafter(DrafterRows):
         self.to_probs = to_probs
         self._device = input_device(model)  # a drafter lives for one generate() call: the model stays put
         self.dtype = model.dtype  # its masks' dtype, read once (HF's ``model.dtype`` walks the parameters)
-        self.cache = kv_cache.new_cache(model)
+        self.layout = MaskLayout.of(model.config)  # its layers' windows (the masks honour them)
+        self.cache = kv_cache.new_cache(model, rows)  # its sliding layers keep every slot: the rows sit apart
         self.valid = torch.zeros(rows, 0, dtype=torch.bool, device=self.device)  # [B, L] committed slots
+        # [B, L] long, each slot's position (what a window counts), kept where the layout has windows
+        self.index = torch.zeros(rows, 0, dtype=torch.long, device=self.device) if self.layout.windowed else None
         self.seen = [0] * rows  # committed tokens of each row in the cache (the root included)
         self.step_start = 0  # first slot of this step's tree nodes
         self.slots: list[dict[int, int]] = [{} for _ in range(rows)]  # per row: pool id -> slot
@@ -52,10 +57,16 @@ class BatchModelDrafter(DrafterRows):
         return [self.cache]
 
     def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, tail_visible: torch.Tensor) -> torch.Tensor:
-        """tokens, positions: [B, q]; tail_visible: [B, q, c] over this step's last c slots -> [B, q, vocab]."""
+        """tokens, positions: [B, q]; tail_visible: [B, q, c] over this step's last c slots -> [B, q, vocab]
+        (the slots before them are ``valid``'s, the committed ones)."""
         past_len = kv_cache.cache_length(self.cache)
         visible = row_visibility(self.valid, tail_visible, past_len)
-        inputs = batch_forward_inputs(tokens, positions, visible, past_len, self.dtype)
+        keys = None
+        if self.index is not None:  # the step's slots so far, then the new tokens
+            self.index = torch.cat([self.index, positions], dim=1)
+            keys = row_indices(self.index[:, :self.valid.shape[1]], self.index[:, self.valid.shape[1]:],
+                               past_len + tokens.shape[1])
+        inputs = batch_forward_inputs(tokens, positions, visible, past_len, self.dtype, self.layout, keys)
         out = self.model(**inputs.as_kwargs(), **with_cache(self.model, self.cache), use_cache=True, logits_to_keep=0)
         self._forwards += 1
         return out.logits.float()
@@ -139,20 +150,26 @@ class BatchModelDrafter(DrafterRows):
         counts = torch.tensor([len(row) for row in kept], device=self.device)
         real = torch.arange(width, device=self.device)[None, :] < counts[:, None]  # [B, width]
         self.valid = torch.cat([self.valid[:, :self.step_start], real], dim=1)
+        if self.index is not None:
+            self.index = torch.cat([self.index[:, :self.step_start], self.index.gather(1, slots)], dim=1)
         self.seen = [seen + len(row) for seen, row in zip(self.seen, kept)]
         self.slots = [{} for _ in kept]
         if kv_cache.worth_compacting(self.valid):  # squeeze the holes out of the cache
-            self.valid = kv_cache.compact_rows(self.cache, self.valid)
+            order = kv_cache.compact_rows(self.cache, self.valid)
+            self.valid = self.valid.gather(1, order)
+            self.index = None if self.index is None else self.index.gather(1, order)
             self.step_start = self.valid.shape[1]
 
     def select(self, keep: list[int]) -> None:
         """Keep only the batch rows ``keep``, and only slots some of them still use."""
         rows = torch.tensor(keep, dtype=torch.long, device=self.device)
         self.valid = self.valid[rows]
+        self.index = None if self.index is None else self.index[rows]
         columns = torch.nonzero(self.valid.any(dim=0)).flatten()
         kv_cache.select(self.cache, rows, columns if len(columns) < self.valid.shape[1] else None)
         if len(columns) < self.valid.shape[1]:
             self.valid = self.valid[:, columns]
+            self.index = None if self.index is None else self.index[:, columns]
         self.seen = [self.seen[b] for b in keep]
         self.slots = [{} for _ in keep]
         self.step_start = self.valid.shape[1]

@@ -7,7 +7,8 @@ import os
 
 import torch
 
-from ..hf.validation import check_attention, check_causal_lm, context_length, vocab_size
+from ..hf.validation import check_attention, check_causal_lm, check_weights, context_length, vocab_size
+from ..tree.layout import MaskLayout
 from .base import Drafter, ToProbs
 from .feature_head import FeatureHead, FeatureHeadDrafter
 from .model import ModelDrafter
@@ -46,8 +47,11 @@ def make_drafter(draft, target, to_probs: ToProbs | None = None) -> Drafter:
 
 
 def check_pair(target, draft, tokenizer=None, draft_tokenizer=None) -> None:
-    """The draft must be a causal LM sharing the target's vocabulary, and both must accept tree masks."""
+    """The draft must be a causal LM with weights, sharing the target's vocabulary, and both must accept tree
+    masks over every layer they have."""
     check_causal_lm(draft, "draft")
+    check_weights(draft, "draft")
+    MaskLayout.of(draft.config)  # layer types opttree cannot mask are refused by name
     if getattr(target.config, "is_encoder_decoder", False) or getattr(draft.config, "is_encoder_decoder", False):
         raise NotImplementedError("opttree supports decoder-only causal LMs; encoder-decoder models are not supported")
     check_attention(target, "target")

@@ -14,6 +14,7 @@ import torch
 from ..hf import kv_cache
 from ..hf.compat import with_cache
 from ..tree.draft_tree import DraftTree
+from ..tree.layout import MaskLayout
 from ..tree.masks import tree_forward_inputs
 from .base import Drafter, DrafterRows, ToProbs
 from .batch_model import BatchModelDrafter, input_device
@@ -40,6 +41,7 @@ class ModelDrafter(Drafter):
         self.context_length = context_length
         self._device = input_device(model)  # a drafter lives for one generate() call: the model stays put
         self.dtype = model.dtype  # the tree masks' dtype, read once (HF's ``model.dtype`` walks the parameters)
+        self.layout = MaskLayout.of(model.config)  # its layers' windows (the tree masks honour them)
         self.cache = kv_cache.new_cache(model)
         self.prefix_len = 0  # committed tokens in the cache (the root included)
         self.fed = torch.empty(0, dtype=torch.long, device=self.device)  # [f] pool ids of this step's cache slots, in slot order
@@ -93,6 +95,10 @@ class ModelDrafter(Drafter):
         device = self.device
         columns = torch.cat([self.fed, on(frontier, self.fed.device)])  # [f + k] the tree part of the cache after this forward
         ancestors = pool.ancestor_mask().index_select(0, frontier)  # [k, m]
+        tail_positions = dropped = None
+        if self.layout.windowed:  # a window counts the fed nodes' positions too; the cache holds only the window
+            tail_positions = on(pool.ancestor_mask().index_select(0, columns).sum(dim=1) + (self.prefix_len - 1), device)
+            dropped = kv_cache.window_offsets(self.cache)
         inputs = tree_forward_inputs(
             on(pool.tokens.index_select(0, frontier), device),
             on(ancestors.sum(dim=1) + (self.prefix_len - 1), device),  # depth = ancestors, self included
@@ -100,6 +106,9 @@ class ModelDrafter(Drafter):
             self.prefix_len + self.fed.shape[0],
             self.dtype,
             self._slots_through(self.prefix_len + self.fed.shape[0] + frontier.shape[0]),
+            layout=self.layout,
+            tail_positions=tail_positions,
+            dropped=dropped,
         )
         logits = self._forward(**inputs.as_kwargs())
         self.fed = columns

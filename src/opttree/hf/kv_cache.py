@@ -10,21 +10,89 @@ Two kinds of cache are rewritten: a ``DynamicCache`` (it grows; the rest is crop
 ``max_cache_len`` slots from the start, a forward's mask spans them all, and a static layer writes
 its new keys at its own count, ``cumulative_length``; keeping the accepted path moves it in place
 and sets that count, and the stale slots after it are hidden by the mask until they are written again).
+A sliding-window layer is stood in for by one a tree can be rewound in (:func:`full_layer`;
+:mod:`.tree_cache` opens a given cache so and closes it back): for one row a :class:`WindowLayer`,
+which keeps the window and the slots of the step in flight, for a batch or a static cache a layer
+that keeps every slot.
 """
 
 from __future__ import annotations
 
 import torch
 from transformers import DynamicCache, StaticCache
-from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer, StaticLayer
-
-from .compat import GENERATE_CACHE_NAME
-
-REWRITABLE = "a DynamicCache (the default) or a StaticCache (cache_implementation='static')"
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer, StaticLayer, StaticSlidingWindowLayer
 
 
-def new_cache(model) -> DynamicCache:
+class WindowLayer(DynamicLayer):
+    """A sliding-window (or chunked) layer that keeps what a rewind needs: every slot written since the
+    last step ended, and at a step's end (:func:`keep_slots`) its last ``keep`` committed slots, the
+    window's (``window - 1``: what the next root and any node under it can see) and a slack; the slots
+    before them are dropped and counted in ``offset``. Its slot i holds the sequence's slot
+    ``offset + i``; transformers' own masks read that from :meth:`get_mask_sizes`, opttree's tree masks
+    from :func:`window_offsets`."""
+
+    is_sliding = True
+
+    def __init__(self, window: int, keep: int):
+        super().__init__()
+        self.window = window
+        self.keep = keep
+        self.offset = 0
+
+    def held(self) -> int:
+        """The slots it holds (the sequence's from ``offset`` on)."""
+        return super().get_seq_length()
+
+    def get_seq_length(self) -> int:
+        return self.offset + self.held()
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.held() + query_length, self.offset
+
+    def trim(self) -> None:
+        """Drop the slots before the last ``keep``."""
+        extra = self.held() - self.keep
+        if extra > 0:
+            self.keys, self.values = self.keys[..., extra:, :], self.values[..., extra:, :]
+            self.offset += extra
+
+    def reset(self) -> None:
+        super().reset()
+        self.offset = 0
+
+
+def full_layer(layer, slots: int | None = None, slack: int | None = None):
+    """The layer a tree cache keeps in place of a sliding-window (or chunked) one, so that a step's
+    rejected nodes can be dropped again: a DynamicSlidingWindowLayer keeps only its last window - 1
+    slots, and a StaticSlidingWindowLayer rolls its slots out the same way, so a tree's nodes would
+    push committed tokens out. ``slack``: a :class:`WindowLayer` keeping window - 1 + slack committed
+    slots (one row); None: a DynamicLayer keeping every slot (a batch, whose rows sit at other
+    positions). A StaticSlidingWindowLayer gets a StaticLayer of ``slots`` slots. Any other layer is
+    returned as it is."""
+    if type(layer) is DynamicSlidingWindowLayer:
+        return DynamicLayer() if slack is None else WindowLayer(layer.sliding_window, layer.sliding_window - 1 + slack)
+    if type(layer) is StaticSlidingWindowLayer:
+        return StaticLayer(max_cache_len=slots)
+    return layer
+
+
+def new_cache(model, rows: int = 1) -> DynamicCache:
+    """An empty DynamicCache for ``model`` that a tree can be rewound in (see :func:`full_layer`): its
+    sliding-window layers keep their window for one row, every slot for a batch of ``rows``."""
+    cache = DynamicCache(config=model.config)
+    cache.layers = [full_layer(layer, slack=0 if rows == 1 else None) for layer in cache.layers]
+    return cache
+
+
+def generate_cache(model) -> DynamicCache:
+    """The cache generate() makes by default (its layers as the config asks; a call opens it for trees)."""
     return DynamicCache(config=model.config)
+
+
+def window_offsets(cache) -> dict[int, int]:
+    """{window: slots dropped before the ones held} of the cache's :class:`WindowLayer` layers (layers of one
+    window are trimmed alike); {} where there is none."""
+    return {layer.window: layer.offset for layer in cache.layers if type(layer) is WindowLayer}
 
 
 def is_static(cache) -> bool:
@@ -35,50 +103,6 @@ def is_static(cache) -> bool:
 def capacity(cache) -> int | None:
     """A static cache's slots (a forward's mask spans them all); None: a cache that grows."""
     return cache.layers[0].max_cache_len if is_static(cache) else None
-
-
-def check_cache(cache, max_total_len: int) -> None:
-    """Refuse caches whose slots cannot be moved (quantised, offloaded, linear-attention ones), a filled
-    one, and sliding-window layers that would have to drop tokens (not supported yet). A static cache
-    too small for ``max_total_len`` slots gets the room while it holds no tensor yet (generate() makes
-    one of max_length - 1 slots, which a tree overruns); one already allocated is refused, naming the
-    size to ask for."""
-    if is_static(cache):
-        _check_static(cache, max_total_len)
-        return
-    if type(cache) is not DynamicCache:
-        raise NotImplementedError(
-            f"opttree keeps only the accepted tree path in {REWRITABLE}, got {type(cache).__name__}; "
-            f"call generate() with another cache_implementation= or {GENERATE_CACHE_NAME}="
-        )
-    if cache.get_seq_length() > 0:
-        raise NotImplementedError(f"opttree starts from an empty cache; do not pass a filled {GENERATE_CACHE_NAME}=")
-    for layer in cache.layers:
-        if type(layer) not in (DynamicLayer, DynamicSlidingWindowLayer):
-            raise NotImplementedError(f"opttree cannot rewrite cache layers of type {type(layer).__name__}")
-        if isinstance(layer, DynamicSlidingWindowLayer) and max_total_len >= layer.sliding_window:
-            raise NotImplementedError(
-                f"this model uses sliding-window attention (window {layer.sliding_window}) and the "
-                f"sequence may reach {max_total_len} tokens; opttree supports such models only below "
-                "the window: lower max_new_tokens or shorten the prompt"
-            )
-
-
-def _check_static(cache: StaticCache, max_total_len: int) -> None:
-    if cache.offloading or any(type(layer) is not StaticLayer for layer in cache.layers):
-        kinds = sorted({type(layer).__name__ for layer in cache.layers} - {"StaticLayer"}) or ["offloaded"]
-        raise NotImplementedError(f"opttree rewrites StaticCache layers of type StaticLayer, not {', '.join(kinds)}; "
-                                  "use cache_implementation='static' without offloading, or the default DynamicCache")
-    if cache_length(cache) > 0:
-        raise NotImplementedError(f"opttree starts from an empty cache; do not pass a filled {GENERATE_CACHE_NAME}=")
-    have = capacity(cache)
-    if have >= max_total_len:
-        return
-    if any(layer.is_initialized for layer in cache.layers):
-        raise ValueError(f"this StaticCache holds {have} slots, and this call may need {max_total_len} (the prompt, "
-                         f"the new tokens and one padded tree): make it StaticCache(..., max_cache_len={max_total_len})")
-    for layer in cache.layers:  # nothing allocated yet: the tensors are made at the first forward, this long
-        layer.max_cache_len = max_total_len
 
 
 def cache_length(cache) -> int:
@@ -114,27 +138,32 @@ def keep_slots(cache: DynamicCache | StaticCache, start: int, slots: list[int],
     total = cache_length(cache)
     k = len(slots)
     if k and slots != list(range(start, start + k)):
-        index: dict[torch.device, torch.Tensor] = {}
+        index: dict[tuple[torch.device, int], torch.Tensor] = {}
         for layer in cache.layers:
             if not getattr(layer, "is_initialized", True):
                 continue
-            device = layer.keys.device
-            if device not in index:
-                index[device] = (torch.tensor(slots, dtype=torch.long, device=device) if on_device is None
-                                 else on_device.to(device))
-            layer.keys[..., start:start + k, :] = layer.keys[..., index[device], :]
-            layer.values[..., start:start + k, :] = layer.values[..., index[device], :]
+            shift = layer.offset if type(layer) is WindowLayer else 0  # its slot i is the sequence's offset + i
+            where = (layer.keys.device, shift)
+            if where not in index:
+                on = (torch.tensor(slots, dtype=torch.long, device=where[0]) if on_device is None
+                      else on_device.to(where[0]))
+                index[where] = on - shift if shift else on
+            layer.keys[..., start - shift:start - shift + k, :] = layer.keys[..., index[where], :]
+            layer.values[..., start - shift:start - shift + k, :] = layer.values[..., index[where], :]
     if is_static(cache):
         _set_static_length(cache, start + k)
     elif total > start + k:
         cache.crop(-(total - start - k))
+    for layer in cache.layers:
+        if type(layer) is WindowLayer:
+            layer.trim()
 
 
 # ---------------------------------------------------------------------------------------------
 # batches (loop/rows.py): rows share the slots; a row's unused slots are holes its mask hides
 
 
-def keep_row_slots(cache: DynamicCache, start: int, slots: torch.Tensor) -> None:
+def keep_row_slots(cache: DynamicCache | StaticCache, start: int, slots: torch.Tensor) -> None:
     """Row b keeps slots ``[0, start)`` followed by ``slots[b]``; everything after is dropped.
 
     slots: [B, k] long, each >= start. A row that keeps fewer than k slots repeats one of them:
@@ -151,7 +180,9 @@ def keep_row_slots(cache: DynamicCache, start: int, slots: torch.Tensor) -> None
             layer.keys[..., start:start + k, :] = torch.gather(layer.keys, 2, idx)
             idx = slots.to(layer.values.device)[:, None, :, None].expand(rows, heads, k, layer.values.shape[-1])
             layer.values[..., start:start + k, :] = torch.gather(layer.values, 2, idx)
-    if total > start + k:
+    if is_static(cache):  # one prompt whose mask hides tokens (its rows are one)
+        _set_static_length(cache, start + k)
+    elif total > start + k:
         cache.crop(-(total - start - k))
 
 
@@ -164,8 +195,6 @@ def select(cache: DynamicCache, rows: torch.Tensor, columns: torch.Tensor | None
         values = layer.values.index_select(0, rows.to(layer.values.device))
         if columns is not None:
             keys, values = keys.index_select(2, columns.to(keys.device)), values.index_select(2, columns.to(values.device))
-            if hasattr(layer, "cumulative_length"):  # sliding-window layers count their slots
-                layer.cumulative_length = keys.shape[-2]
         layer.keys, layer.values = keys, values
 
 
@@ -183,9 +212,10 @@ def worth_compacting(valid: torch.Tensor) -> bool:
 
 def compact_rows(cache: DynamicCache, valid: torch.Tensor) -> torch.Tensor:
     """Squeeze out the holes: each row's used slots (``valid`` [B, L] bool) move to the right end,
-    in order, and the cache shrinks to the most slots any row uses. Returns the new ``valid``
-    [B, L'] (a row's unused slots now lie on its left, like left padding). One gather over the
-    whole cache: for now and then, not every step."""
+    in order, and the cache shrinks to the most slots any row uses. Returns the order [B, L'] long:
+    slot j of row b now holds what slot order[b, j] held (``valid.gather(1, order)`` is the new valid:
+    a row's unused slots now lie on its left, like left padding). One gather over the whole cache: for
+    now and then, not every step."""
     rows, length = valid.shape
     kept = int(valid.sum(dim=1).max())
     order = torch.sort(valid.to(torch.int8), dim=1, stable=True).indices[:, length - kept:]  # [B, L'] unused first
@@ -196,6 +226,4 @@ def compact_rows(cache: DynamicCache, valid: torch.Tensor) -> torch.Tensor:
         idx = order.to(layer.keys.device)[:, None, :, None]
         layer.keys = torch.gather(layer.keys, 2, idx.expand(rows, heads, kept, dim))
         layer.values = torch.gather(layer.values, 2, idx.expand(rows, heads, kept, layer.values.shape[-1]))
-        if hasattr(layer, "cumulative_length"):  # sliding-window layers count their slots
-            layer.cumulative_length = kept
-    return valid.gather(1, order)
+    return order

@@ -43,6 +43,21 @@ def check_causal_lm(model, role: str) -> None:
                         + (f" (a {causal})" if isinstance(causal, str) else ""))
 
 
+def check_weights(model, role: str) -> None:
+    """A model whose weights hold data: one built on the meta device (``with torch.device("meta")``, or
+    ``from_config`` there) has none, and would fail at its first forward. A parameter that accelerate
+    offloads (its module, or one above, carries accelerate's hook) is loaded when used, and passes."""
+    hooked = {name for name, module in model.named_modules() if hasattr(module, "_hf_hook")}
+    for name, parameter in model.named_parameters():
+        if parameter.device.type != "meta":
+            continue
+        parts = name.split(".")[:-1]
+        if not any(".".join(parts[:i]) in hooked for i in range(len(parts) + 1)):
+            raise ValueError(f"the {role} model's weights are on the meta device (no data; {name} is one): load it with "
+                             "from_pretrained(...), or give it weights first (model.to_empty(device='cpu') and then "
+                             "model.load_state_dict(...))")
+
+
 def check_attention(model, role: str) -> None:
     impl = getattr(model.config, "_attn_implementation", None) or "eager"
     if impl not in TREE_MASK_BACKENDS:

@@ -33,10 +33,9 @@ from typing import Callable
 
 import torch
 from transformers import GenerationConfig
-from transformers.generation.configuration_utils import ALL_STATIC_CACHE_IMPLEMENTATIONS
 from transformers.generation.utils import GenerationMixin
 
-from ..hf.kv_cache import check_cache
+from ..hf.tree_cache import IMPLEMENTATION_FIX, OBJECT_FIX, check_cache, implementation_refused
 from ..hf.validation import check_generation_mode
 
 __all__ = ["ADDED", "HONOURED", "NOT_APPLYING", "REFUSED", "Refusal", "check_dropped_arguments", "check_positions",
@@ -46,12 +45,6 @@ __all__ = ["ADDED", "HONOURED", "NOT_APPLYING", "REFUSED", "Refusal", "check_dro
 def _given(value) -> bool:
     """Any value but generate()'s "not given" (None, False)."""
     return value is not None and value is not False
-
-
-def _rewritable_cache(value) -> bool:
-    """None, "dynamic", or a static cache that is not offloaded ("static", and the names transformers
-    keeps for it: "sliding_window", "hybrid", "hybrid_chunked", which build a StaticCache)."""
-    return value in (None, "dynamic") or (value in ALL_STATIC_CACHE_IMPLEMENTATIONS and "offloaded" not in value)
 
 
 @dataclass(frozen=True)
@@ -286,17 +279,15 @@ REFUSED: dict[str, Refusal] = {
         "opttree's verification forward scores a whole tree, so per-token hidden states are not generate()'s; "
         + NO_DRAFT, example=True),
     "cache_implementation": Refusal(
-        "opttree keeps only the accepted path in a cache it can rewrite (dynamic or static): use "
-        "cache_implementation='static' or drop it",
-        lambda v: not _rewritable_cache(v),
-        (check_dropped_arguments, check_cache),  # by value; by the type of the cache generate() built
+        IMPLEMENTATION_FIX, implementation_refused,
+        (check_dropped_arguments, check_cache),  # by value, before generate() builds the cache; by the cache it built
         "offloaded_static"),
-    "cache": Refusal("opttree starts from an empty DynamicCache or StaticCache: pass an empty one or drop it", _given,
-                     (check_cache,)),
-    "past_key_values": Refusal("opttree starts from an empty DynamicCache or StaticCache: pass an empty one or drop it",
-                               _given, (check_cache,)),
-    "cache_params": Refusal("opttree starts from an empty DynamicCache or StaticCache: pass an empty one or drop it",
-                            _given, (check_cache,)),  # generate() renames it cache=
+    "cache": Refusal("an offloaded, quantized or filled cache, or a StaticCache too small for the call; "
+                     + OBJECT_FIX, _given, (check_cache,)),
+    "past_key_values": Refusal("an offloaded, quantized or filled cache, or a StaticCache too small for the call; "
+                               + OBJECT_FIX, _given, (check_cache,)),
+    "cache_params": Refusal("an offloaded, quantized or filled cache, or a StaticCache too small for the call; "
+                            + OBJECT_FIX, _given, (check_cache,)),  # generate() renames it cache=
     "position_ids": Refusal(
         "opttree places every token by the attention mask, as generate() does by default; drop position_ids=",
         checked_by=(check_positions,)),

@@ -16,6 +16,8 @@ Where "auto" cannot run, the left-out arguments fall back to TreeConfig's fixed 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..tree.config import TreeConfig
 
 TREE_ARGS = ("nodes", "threshold", "max_depth", "strategy", "verifier", "static_tree")
@@ -24,12 +26,29 @@ AUTO_STRATEGIES = ("opt", "heap", "delayed", "chain", "static")  # builders that
 AUTO_VERIFIERS = ("match",)
 
 
-def given_settings(**given) -> dict:
-    """The tree arguments a user actually passed (None = left out)."""
-    unknown = set(given) - set(TREE_ARGS)
-    if unknown:
-        raise TypeError(f"unknown tree arguments {sorted(unknown)}; known: {', '.join(TREE_ARGS)}")
-    return {k: v for k, v in given.items() if v is not None}
+@dataclass(frozen=True)
+class TreeArguments:
+    """The tree arguments one call passed, checked once (``fixed`` is built on construction, so bad
+    settings fail before generate() prepares anything)."""
+
+    given: dict  # the arguments passed (a left-out one is absent)
+    fixed: TreeConfig  # TreeConfig(**given): the given ones completed with TreeConfig's defaults
+
+    @classmethod
+    def of(cls, **given) -> "TreeArguments":
+        """From keyword arguments where None means left out."""
+        unknown = set(given) - set(TREE_ARGS)
+        if unknown:
+            raise TypeError(f"unknown tree arguments {sorted(unknown)}; known: {', '.join(TREE_ARGS)}")
+        given = {k: v for k, v in given.items() if v is not None}
+        return cls(given, TreeConfig(**given))
+
+    @classmethod
+    def taken_from(cls, kwargs: dict, under: "TreeArguments | None" = None) -> "TreeArguments":
+        """The tree arguments among generate()'s keyword arguments, taken out of ``kwargs`` (in place),
+        over those of ``under`` (a SpeculativeGenerator's constructor's)."""
+        taken = {k: v for k in TREE_ARGS if (v := kwargs.pop(k, None)) is not None}
+        return cls.of(**{**(under.given if under else {}), **taken}) if taken or under is None else under
 
 
 def wants_default_size(given: dict) -> bool:
@@ -37,16 +56,16 @@ def wants_default_size(given: dict) -> bool:
     return "nodes" not in given and "threshold" not in given
 
 
-def auto_applies(given: dict, *, can_calibrate: bool) -> bool:
+def auto_applies(arguments: TreeArguments, *, can_calibrate: bool) -> bool:
     """Whether left-out ``nodes``/``threshold`` become "auto" (see the module docstring)."""
-    fixed = TreeConfig(**given)  # validates what was given
-    return (wants_default_size(given) and can_calibrate
+    fixed = arguments.fixed
+    return (wants_default_size(arguments.given) and can_calibrate
             and fixed.strategy in AUTO_STRATEGIES and fixed.verifier in AUTO_VERIFIERS)
 
 
-def resolve(given: dict, *, can_calibrate: bool = True) -> TreeConfig:
+def resolve(arguments: TreeArguments, *, can_calibrate: bool = True) -> TreeConfig:
     """The TreeConfig a generate() call runs with: the given arguments exactly as given; left-out
     ``nodes`` and ``threshold`` "auto" where :func:`auto_applies`, else TreeConfig's defaults."""
-    if auto_applies(given, can_calibrate=can_calibrate):
-        return TreeConfig(**{**given, **AUTO})
-    return TreeConfig(**given)
+    if auto_applies(arguments, can_calibrate=can_calibrate):
+        return TreeConfig(**{**arguments.given, **AUTO})
+    return arguments.fixed

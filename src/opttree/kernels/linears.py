@@ -8,7 +8,7 @@ often does not (benchmarks/RESULTS.md, "What a verification costs"). The kernels
 
 - ``"stock"``: ``F.linear``, whatever GEMM the torch build picks;
 - ``"weight_major"`` (float32): ``(W @ x.T).T``, the weight as the GEMM's large operand, read once
-  (one row padded to two);
+  (one row padded to two), copied to ``F.linear``'s row-major layout;
 - ``"onednn"``: oneDNN's matmul on a copy of the weight reordered once into its blocked layout
   (``torch.ops.mkldnn._reorder_linear_weight`` / ``_linear_pointwise``, what Inductor emits for a
   frozen linear); it serves any row count. The copy costs one more weight's memory, made at the
@@ -76,7 +76,7 @@ def _weight_major(flat: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     rows = flat.shape[0]
     if rows == 1:
         flat = torch.cat([flat, flat])  # [2, in]: a GEMM, not the single-threaded matrix-vector path
-    out = torch.mm(weight, flat.T).T[:rows]
+    out = torch.mm(weight, flat.T).T[:rows].contiguous()  # F.linear's layout: a model may view its rows (Llama 4's rotary)
     return out if bias is None else out + bias
 
 

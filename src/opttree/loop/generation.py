@@ -32,9 +32,10 @@ from .batch_context import processing
 from .clock import DraftClock
 from .lockstep import run_in_lockstep
 from .model_inputs import ModelInputs
-from .rows import Row, Slots, batch_step, combined_stats, commit_tokens, finish_together, left_padding, \
+from .rows import Padding, Row, Slots, batch_step, combined_stats, commit_tokens, finish_together, \
     output_sequences, per_token
 from ..tree.draft_tree import DraftTree
+from ..tree.layout import MaskLayout
 from ..tree.strategies import grow_tree
 from ..verify.walk import Acceptance, greedy_choice, greedy_walk, sampled_choice, verify, with_rows
 from .stats import GenerationStats, StepStats
@@ -213,15 +214,14 @@ def speculative_decode(target, drafter: Drafter | DrafterRows, input_ids: torch.
     builder's threshold test), one for the walk (the accepted path, its pool ids and the emitted
     tokens), one in a draft model's commit; everything else stays on the devices."""
     count = input_ids.shape[0]
-    if settings.streamer is not None and count > 1:
-        raise ValueError("streamers take one sequence (generate()'s rule): stream one prompt per generate() call")
     drafters = drafter.rows(count) if isinstance(drafter, Drafter) else drafter
     new_policy = settings.new_policy or (lambda: FixedPolicy(settings.config))
     stop = StopRule.of(settings.stopping_criteria)
     want_rows = settings.output_scores or settings.output_logits or stop.needs_scores
     padded = attention_mask is not None and not bool(attention_mask.bool().all())
-    pads = left_padding(attention_mask).tolist() if padded else [0] * count
-    rows = [Row(b, input_ids[b], pads[b], settings.max_length, new_policy()) for b in range(count)]
+    padding = Padding.of(attention_mask) if padded else Padding([0] * count, [0] * count)
+    rows = [Row(b, input_ids[b], padding.left[b], settings.max_length, new_policy(), hidden=padding.hidden[b])
+            for b in range(count)]
     every_row = list(rows)
     for row in rows:
         row.stats.prompt_tokens = len(row.tokens)
@@ -235,8 +235,8 @@ def speculative_decode(target, drafter: Drafter | DrafterRows, input_ids: torch.
 
     # 0. prefill the target with all prompt columns but the last (every row's root)
     mask = attention_mask.bool() if attention_mask is not None else torch.ones_like(input_ids, dtype=torch.bool)
-    slots = Slots(input_ids.shape[1] - 1, None if count == 1 and not padded else mask[:, :-1].clone(),
-                  kv_len=kv_cache.capacity(cache))
+    slots = Slots.of(mask, padding if count > 1 or padded else None, MaskLayout.of(target.config),
+                     kv_cache.capacity(cache))
     if input_ids.shape[1] > 1:
         prefill(target, input_ids, mask, cache, slots, drafters, rows, model_inputs)
 
@@ -255,7 +255,7 @@ def speculative_decode(target, drafter: Drafter | DrafterRows, input_ids: torch.
 
         # 2. verify: ONE target forward over every row's root and tree
         roots = rows[0].sequence[-1:] if len(rows) == 1 else torch.stack([row.sequence[-1] for row in rows])
-        inputs = slots.inputs(roots, trees, rows, dtype)
+        inputs = slots.inputs(roots, trees, rows, dtype, cache)
         first = not every_row[0].stats.steps  # the roots are the prompts' last tokens
         extra = None if model_inputs is None else model_inputs.verify(target, inputs.input_ids,
                                                                      [row.index for row in rows], first)
@@ -268,7 +268,7 @@ def speculative_decode(target, drafter: Drafter | DrafterRows, input_ids: torch.
         t2 = time.perf_counter()
 
         # 4. keep only each row's root and accepted path in both caches
-        slots.keep(cache, acceptances)
+        slots.keep(cache, acceptances, rows)
         if drafted:
             drafters.commit([a.pool_ids if a.pool_ids is not None else built.pool_ids[a.nodes].tolist()
                              for a, built in zip(acceptances, builts)])
@@ -291,7 +291,7 @@ def speculative_decode(target, drafter: Drafter | DrafterRows, input_ids: torch.
                                               (t2 - t1) * share, clock.root_seconds[b], clock.layers[b]))
         if not settings.pad_finished:
             finish_together(every_row)
-        if settings.streamer is not None:  # one row (checked above)
+        if settings.streamer is not None:  # one row (the preparation checks it: generate()'s rule)
             settings.streamer.put(rows[0].sequence[lengths[0]:].cpu())
         for row in rows:
             if not row.done and len(row.tokens) > settings.context_length:

@@ -20,6 +20,7 @@ import torch
 
 from ..hf import kv_cache
 from ..tree.draft_tree import DraftTree
+from ..tree.layout import MaskLayout
 from ..tree.masks import ForwardInputs, batch_verification_inputs, verification_inputs
 from ..tree.plan import BudgetPolicy
 from ..tree.sizes import padded_size
@@ -30,16 +31,28 @@ from .stopping import StopRule
 logger = logging.getLogger(__name__)
 
 
-def left_padding(attention_mask: torch.Tensor) -> torch.Tensor:
-    """attention_mask: [B, T] (1 = token, 0 = padding) -> [B] long, each row's left padding.
-    Refuses padding anywhere but on the left."""
-    mask = attention_mask.bool()
-    if not bool((mask[:, 1:] >= mask[:, :-1]).all()) or not bool(mask[:, -1].all()):
-        raise ValueError(
-            "opttree needs LEFT padding for batches (the last column must be every row's last prompt "
-            "token): set tokenizer.padding_side = 'left' before tokenizing the prompts"
-        )
-    return (~mask).sum(dim=1)
+@dataclass(frozen=True)
+class Padding:
+    """Where a prompt batch's attention mask hides tokens: each row's left padding, and the tokens it
+    hides after it (generate() masks a prompt's every pad-token id when it is given no mask)."""
+
+    left: list[int]
+    hidden: list[int]
+
+    @classmethod
+    def of(cls, attention_mask: torch.Tensor) -> "Padding":
+        """attention_mask: [B, T] (1 = token, 0 = hidden). Refuses a row whose last token is hidden."""
+        mask = attention_mask.bool()
+        if not bool(mask[:, -1].all()):
+            raise ValueError(
+                "opttree needs every prompt's last token unmasked (the last column of attention_mask all 1): for a "
+                "batch, set tokenizer.padding_side = 'left' before tokenizing the prompts; a prompt that ends with "
+                "the pad token's id is masked there by generate() when no attention_mask is given, so pass "
+                "attention_mask=torch.ones_like(input_ids)"
+            )
+        left = (mask.long().cumsum(dim=1) == 0).sum(dim=1)  # [B] zeros before the first token
+        hidden = (~mask).sum(dim=1) - left  # [B]
+        return cls(left.tolist(), hidden.tolist())
 
 
 @dataclass
@@ -51,6 +64,7 @@ class Row:
     pad: int  # left padding
     limit: int  # the length at which it stops (max_length; see ``finish_together``)
     policy: BudgetPolicy  # its tree budget, step by step
+    hidden: int = 0  # prompt tokens after the left padding that the attention mask hides (pad-token ids)
     stats: GenerationStats = field(default_factory=GenerationStats)
     scores: list[torch.Tensor] = field(default_factory=list)  # [vocab] per new token (output_scores)
     logits: list[torch.Tensor] = field(default_factory=list)  # [vocab] per new token (output_logits)
@@ -62,6 +76,16 @@ class Row:
         """[T + new] long: the row without its padding (the drafter's view)."""
         return self.sequence[self.pad:]
 
+    @property
+    def root_index(self) -> int:
+        """The root's index in :attr:`tokens` (what a window counts)."""
+        return len(self.sequence) - self.pad - 1
+
+    @property
+    def root_position(self) -> int:
+        """The root's rotary position: the row's visible tokens before it (generate()'s from the mask)."""
+        return self.root_index - self.hidden
+
 
 @dataclass
 class Slots:
@@ -71,10 +95,27 @@ class Slots:
     valid: torch.Tensor | None  # [R, length] bool, each row's own slots; None: all are the one row's
     fixed_sizes: bool = True  # pad each verification forward to one of tree.sizes.VERIFY_SIZES rows
     kv_len: int | None = None  # a static cache's slots (the mask spans them); None: a cache that grows
+    layout: MaskLayout | None = None  # the target's layer types and windows
+    # [R, length] long, the index in its row's tokens of each slot's token (what a window counts), kept
+    # beside ``valid`` when the layout has windows; None otherwise (one unpadded row: slot i holds index i)
+    index: torch.Tensor | None = None
+
+    @classmethod
+    def of(cls, mask: torch.Tensor, padding: Padding | None, layout: MaskLayout, kv_len: int | None) -> "Slots":
+        """The prompts' slots before their prefill: mask [B, T] bool (all True without padding); padding:
+        None for one unpadded row (every slot is its own)."""
+        length = mask.shape[1] - 1
+        if padding is None:
+            return cls(length, None, kv_len=kv_len, layout=layout)
+        index = None
+        if layout.windowed:
+            left = torch.tensor(padding.left, device=mask.device)
+            index = torch.arange(length, device=mask.device)[None, :] - left[:, None]  # [B, T - 1]
+        return cls(length, mask[:, :-1].clone(), kv_len=kv_len, layout=layout, index=index)
 
     def root_positions(self, rows: list[Row]) -> list[int]:
         """Each row's root position: its committed tokens before the root."""
-        return [len(row.tokens) - 1 for row in rows]
+        return [row.root_position for row in rows]
 
     def size(self, trees: list[DraftTree], rows: list[Row]) -> int:
         """The rows of this step's verification forward: the root and the largest tree, padded to the
@@ -86,19 +127,26 @@ class Slots:
             return rows[0].policy.verify_rows(needed - 1)
         return padded_size(needed)
 
-    def inputs(self, roots: torch.Tensor, trees: list[DraftTree], rows: list[Row], dtype: torch.dtype) -> ForwardInputs:
+    def inputs(self, roots: torch.Tensor, trees: list[DraftTree], rows: list[Row], dtype: torch.dtype,
+               cache) -> ForwardInputs:
         """The verification forward's inputs: roots [R] long, then each row's tree, then dummy rows
-        up to :meth:`size`."""
+        up to :meth:`size` (masks as ``cache`` holds the slots: one row's keeps only a window's)."""
         size = self.size(trees, rows)
         if self.valid is None:
-            return verification_inputs(roots, trees[0], self.length, dtype, size=size, kv_len=self.kv_len)
+            dropped = kv_cache.window_offsets(cache) if self.layout is not None and self.layout.windowed else None
+            return verification_inputs(roots, trees[0], self.length, dtype, size=size, kv_len=self.kv_len,
+                                       layout=self.layout, dropped=dropped)
         positions = torch.tensor(self.root_positions(rows), device=roots.device)
-        return batch_verification_inputs(roots, trees, positions, self.valid, dtype, size=size)
+        if self.index is None:
+            return batch_verification_inputs(roots, trees, positions, self.valid, dtype, size=size, kv_len=self.kv_len)
+        indices = torch.tensor([row.root_index for row in rows], device=roots.device)
+        return batch_verification_inputs(roots, trees, positions, self.valid, dtype, size=size, layout=self.layout,
+                                         prefix_indices=self.index, root_indices=indices, kv_len=self.kv_len)
 
-    def keep(self, cache, acceptances: list[Acceptance]) -> None:
+    def keep(self, cache, acceptances: list[Acceptance], rows: list[Row]) -> None:
         """Each row keeps its root and accepted path (the verify forward put row b's root at
         ``length`` and its node i at ``length + 1 + i``); everything else of the step (rejected
-        nodes, dummy rows) is dropped."""
+        nodes, dummy rows) is dropped. rows: the step's rows, their roots not yet committed past."""
         past = self.length
         if self.valid is None:
             nodes, on_device = acceptances[0].nodes, acceptances[0].device_rows
@@ -111,9 +159,15 @@ class Slots:
                               for a in acceptances], dtype=torch.long, device=self.valid.device)  # [R, width]
         kv_cache.keep_row_slots(cache, past, slots)
         kept = torch.tensor([1 + a.accepted for a in acceptances], device=self.valid.device)  # [R]
-        self.valid = torch.cat([self.valid, torch.arange(width, device=self.valid.device)[None, :] < kept[:, None]], dim=1)
-        if kv_cache.worth_compacting(self.valid):
-            self.valid = kv_cache.compact_rows(cache, self.valid)
+        steps = torch.arange(width, device=self.valid.device)[None, :]  # [1, width]
+        self.valid = torch.cat([self.valid, steps < kept[:, None]], dim=1)
+        if self.index is not None:  # the root's index, then one more per accepted node (holes: never read)
+            roots = torch.tensor([row.root_index for row in rows], device=self.index.device)
+            self.index = torch.cat([self.index, roots[:, None] + steps], dim=1)
+        if self.kv_len is None and kv_cache.worth_compacting(self.valid):  # a static cache keeps its slots
+            order = kv_cache.compact_rows(cache, self.valid)
+            self.valid = self.valid.gather(1, order)
+            self.index = None if self.index is None else self.index.gather(1, order)
         self.length = self.valid.shape[1]
 
     def select(self, cache, keep: list[int]) -> None:
@@ -124,6 +178,8 @@ class Slots:
         compact = len(columns) < valid.shape[1]
         kv_cache.select(cache, index, columns if compact else None)
         self.valid = valid[:, columns] if compact else valid
+        if self.index is not None:
+            self.index = self.index[index][:, columns] if compact else self.index[index]
         self.length = self.valid.shape[1]
 
 

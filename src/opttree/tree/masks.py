@@ -15,6 +15,13 @@ unused and their slots dropped).
 A batch (rows of different lengths and trees, opttree.loop.rows) shares the cache slots: the mask is
 [B, 1, q, past_len + q], each row seeing only the slots that hold ITS committed tokens (left
 padding and holes are hidden), and its rotary positions count only its own tokens.
+
+A model with sliding-window or chunked layers (:class:`~opttree.tree.layout.MaskLayout`, given as
+``layout``) gets each layer type its own mask: what the tree allows AND what the window allows,
+from the sequence index of every query and key slot (a dict ``{layer type: mask}`` where the types
+differ), starting after the slots a window's layers no longer hold (``dropped``: one row's cache
+keeps only the window, kv_cache.WindowLayer). Without windows (``layout`` None or windowless) the
+masks are built as above, with no extra op.
 """
 
 from __future__ import annotations
@@ -24,12 +31,13 @@ from dataclasses import dataclass
 import torch
 
 from .draft_tree import DraftTree
+from .layout import MaskLayout
 
 
 @dataclass
 class ForwardInputs:
     input_ids: torch.Tensor  # [1, q] long
-    attention_mask: torch.Tensor  # [1, 1, q, past_len + q]
+    attention_mask: torch.Tensor | dict[str, torch.Tensor]  # [1, 1, q, past_len + q]; per layer type where they differ
     position_ids: torch.Tensor  # [1, q] long
     cache_position: torch.Tensor  # [q] long
 
@@ -59,28 +67,52 @@ def tree_forward_inputs(
     dtype: torch.dtype,
     slot_ids: torch.Tensor | None = None,  # [≥ past_len + q] long 0, 1, ...: the cache slots are a slice of it
     kv_len: int | None = None,  # the mask's key length: a static cache's length (≥ past_len + q); None: past_len + q
+    layout: MaskLayout | None = None,  # the model's layer types and windows; None: every layer sees everything
+    tail_positions: torch.Tensor | None = None,  # [c] long, the last c columns' positions; None: ``positions`` (c = q)
+    dropped: dict[int, int] | None = None,  # {window size: leading slots its layers no longer hold} (kv_cache.WindowLayer)
 ) -> ForwardInputs:
     """Inputs for q new tokens that see all cached tokens but the last ``c - q`` of them (earlier
     tree nodes), and of the last c columns (those nodes and the new tokens) what ``tail_visible``
-    allows; slots after the new tokens (a static cache's) are hidden."""
+    allows; slots after the new tokens (a static cache's) are hidden. The cached tokens before the
+    last c columns are the row's sequence in order (slot i holds index i); a windowed ``layout`` reads
+    the tail's indices from ``tail_positions``."""
     q, c = tail_visible.shape
     kv = past_len + q
-    mask = torch.nn.functional.pad(_additive(tail_visible, dtype), (kv - c, 0))  # [q, kv] additive, the prefix visible
-    if kv_len is not None and kv_len > kv:
-        mask = torch.nn.functional.pad(mask, (0, kv_len - kv), value=torch.finfo(dtype).min)  # [q, kv_len]
+    if layout is not None and layout.windowed:
+        mask = _windowed_row_mask(positions, tail_visible, kv, kv_len or kv, layout, dtype,
+                                  positions if tail_positions is None else tail_positions, dropped)
+    else:
+        mask = torch.nn.functional.pad(_additive(tail_visible, dtype), (kv - c, 0))  # [q, kv] additive, the prefix visible
+        if kv_len is not None and kv_len > kv:
+            mask = torch.nn.functional.pad(mask, (0, kv_len - kv), value=torch.finfo(dtype).min)  # [q, kv_len]
+        mask = mask.view(1, 1, q, mask.shape[-1])
     return ForwardInputs(
         input_ids=tokens.unsqueeze(0),
-        attention_mask=mask.view(1, 1, q, mask.shape[-1]),
+        attention_mask=mask,
         position_ids=positions.unsqueeze(0),
         cache_position=torch.arange(past_len, kv, device=tokens.device) if slot_ids is None else slot_ids[past_len:kv],
     )
 
 
+def _windowed_row_mask(positions: torch.Tensor, tail_visible: torch.Tensor, kv: int, kv_len: int,
+                       layout: MaskLayout, dtype: torch.dtype, tail_positions: torch.Tensor,
+                       dropped: dict[int, int] | None):
+    """One row's masks per layer type. positions: [q] the queries' indices; tail_visible: [q, c];
+    tail_positions: [c]; the first kv - c slots hold indices 0 … kv - c - 1, slots from kv on are hidden."""
+    q, c = tail_visible.shape
+    visible = torch.nn.functional.pad(tail_visible, (kv - c, 0), value=True)  # [q, kv]: the prefix seen
+    visible = torch.nn.functional.pad(visible, (0, kv_len - kv), value=False)  # [q, kv_len]: a static cache's rest hidden
+    keys = torch.cat([torch.arange(kv - c, device=positions.device), tail_positions,
+                      positions.new_zeros(kv_len - kv)])  # [kv_len]
+    return layout.masks(visible[None], positions[None], keys[None], dtype, dropped)
+
+
 def verification_inputs(root_token, tree: DraftTree, past_len: int, dtype: torch.dtype, size: int | None = None,
-                        kv_len: int | None = None) -> ForwardInputs:
+                        kv_len: int | None = None, layout: MaskLayout | None = None,
+                        dropped: dict[int, int] | None = None) -> ForwardInputs:
     """The target's input: the root (position past_len), every tree node (past_len + depth), then
-    dummy rows up to ``size`` rows (None: none; see the module docstring). ``kv_len``: as
-    :func:`tree_forward_inputs`.
+    dummy rows up to ``size`` rows (None: none; see the module docstring). ``kv_len``, ``layout``,
+    ``dropped``: as :func:`tree_forward_inputs`.
 
     root_token: an int or a [1] long tensor. Row 0 of the output predicts the root's children;
     row 1 + i those of node i; rows from len(tree) + 1 on are the dummies'.
@@ -93,7 +125,8 @@ def verification_inputs(root_token, tree: DraftTree, past_len: int, dtype: torch
     root = torch.as_tensor(root_token, device=device).reshape(1)  # [1]
     tokens = torch.cat([root, tree.tokens, root.expand(extra)])  # [size]
     positions = torch.nn.functional.pad(tree.depths(), (1, extra)) + past_len  # [size], dummies at the root's
-    return tree_forward_inputs(tokens, positions, tree_visibility(tree, extra), past_len, dtype, kv_len=kv_len)
+    return tree_forward_inputs(tokens, positions, tree_visibility(tree, extra), past_len, dtype, kv_len=kv_len,
+                               layout=layout, dropped=dropped)
 
 
 def tree_visibility(tree: DraftTree, extra: int = 0) -> torch.Tensor:
@@ -124,19 +157,39 @@ def row_visibility(prefix_visible: torch.Tensor, tail_visible: torch.Tensor, pas
     return visible
 
 
+def row_indices(prefix_indices: torch.Tensor, tail_indices: torch.Tensor, kv: int) -> torch.Tensor:
+    """The sequence index of every key slot, laid out as :func:`row_visibility` lays out what is seen.
+
+    prefix_indices: [B, P] long, the first P slots'; tail_indices: [B, c], the last c columns'
+    returns:        [B, kv] long (slots in between: 0; they are hidden)
+    """
+    rows, c = tail_indices.shape
+    keys = tail_indices.new_zeros(rows, kv)
+    keys[:, :prefix_indices.shape[1]] = prefix_indices
+    keys[:, kv - c:] = tail_indices
+    return keys
+
+
 def batch_forward_inputs(tokens: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor, past_len: int,
-                         dtype: torch.dtype) -> ForwardInputs:
-    """tokens, positions: [B, q] long; visible: [B, q, past_len + q] bool (see :func:`row_visibility`)."""
+                         dtype: torch.dtype, layout: MaskLayout | None = None, key_indices: torch.Tensor | None = None,
+                         query_indices: torch.Tensor | None = None) -> ForwardInputs:
+    """tokens, positions: [B, q] long; visible: [B, q, past_len + q] bool (see :func:`row_visibility`).
+    A windowed ``layout`` needs ``key_indices`` [B, past_len + q] (:func:`row_indices`) and the queries'
+    indices [B, q] (None: ``positions``, the same numbers where no prompt token is hidden)."""
+    windowed = layout is not None and layout.windowed
     return ForwardInputs(
         input_ids=tokens,
-        attention_mask=additive_mask(visible, dtype),
+        attention_mask=(layout.masks(visible, positions if query_indices is None else query_indices, key_indices, dtype)
+                        if windowed else additive_mask(visible, dtype)),
         position_ids=positions,
         cache_position=torch.arange(past_len, past_len + tokens.shape[1], device=tokens.device),
     )
 
 
 def batch_verification_inputs(roots: torch.Tensor, trees: list[DraftTree], root_positions: torch.Tensor,
-                              prefix_visible: torch.Tensor, dtype: torch.dtype, size: int | None = None) -> ForwardInputs:
+                              prefix_visible: torch.Tensor, dtype: torch.dtype, size: int | None = None,
+                              layout: MaskLayout | None = None, prefix_indices: torch.Tensor | None = None,
+                              root_indices: torch.Tensor | None = None, kv_len: int | None = None) -> ForwardInputs:
     """The target's input for a batch: row b = its root, its tree, then dummy nodes up to the
     largest tree, or to ``size`` rows (the root's token, seeing the prefix and themselves; their
     outputs are unused).
@@ -144,6 +197,9 @@ def batch_verification_inputs(roots: torch.Tensor, trees: list[DraftTree], root_
     roots: [B] long; root_positions: [B] long, each root's rotary position (= the row's count of
     committed tokens before it); prefix_visible: [B, past_len] bool, the slots of each row's
     committed tokens. Row b's logits are output rows 0 … len(trees[b]) (0 = the root).
+    A windowed ``layout`` also needs the sequence index of every prefix slot (``prefix_indices``
+    [B, past_len] long) and of each root (``root_indices`` [B]; None: ``root_positions``). ``kv_len``: a
+    static cache's length (the masks span it, the slots after the new tokens hidden).
     """
     rows, past_len = prefix_visible.shape
     q = max(1 + max(len(tree) for tree in trees), size or 0)
@@ -157,4 +213,11 @@ def batch_verification_inputs(roots: torch.Tensor, trees: list[DraftTree], root_
         positions[b, 1:n + 1] += tree.depths()
         tail[b, :n + 1, :n + 1] = tree_visibility(tree)
     visible = row_visibility(prefix_visible, tail, past_len)
-    return batch_forward_inputs(tokens, positions, visible, past_len, dtype)
+    extra = 0 if kv_len is None else kv_len - past_len - q  # a static cache's slots after the new tokens: hidden
+    if extra:
+        visible = torch.nn.functional.pad(visible, (0, extra), value=False)  # [B, q, kv_len]
+    if layout is None or not layout.windowed:
+        return batch_forward_inputs(tokens, positions, visible, past_len, dtype)
+    queries = positions if root_indices is None else positions + (root_indices - root_positions)[:, None]  # [B, q]
+    keys = torch.nn.functional.pad(row_indices(prefix_indices, queries, past_len + q), (0, extra))
+    return batch_forward_inputs(tokens, positions, visible, past_len, dtype, layout, keys, queries)

@@ -1,0 +1,149 @@
+"""One generate() call made ready to decode: everything opttree can check is checked, in one place,
+before any forward runs (the calibration of ``nodes="auto"`` is the only forward here, and it runs
+after every check), and the result is one value, :class:`DecodeCall`, that
+:func:`opttree.integration.entry.decode` runs.
+
+Each way in (``speculative()``'s generate, :class:`~opttree.SpeculativeGenerator`,
+``custom_generate=speculative_generate``) reaches :func:`prepare` from inside generate()'s
+``custom_generate`` hook, with generate()'s own preparation (:class:`GenerateCall`) and opttree's
+arguments (:class:`Options`); what generate() drops before the hook is checked earlier, by the entry
+points that see the call's arguments (:mod:`.arguments`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..budget import calibration
+from ..budget.latency import largest_tree
+from ..drafters import make_drafter
+from ..drafters.base import DrafterRows
+from ..hf import kv_cache
+from ..hf.compat import cache_from_generate
+from ..hf.compiled import VerifyForward
+from ..hf.tree_cache import CacheNeed, TreeCache, check_cache, open_cache
+from ..hf.validation import check_generation_mode, check_inputs, check_weights, context_length
+from ..loading import prepare_draft
+from ..loop.generation import DecodeSettings
+from ..loop.model_inputs import ModelInputs
+from ..loop.rows import Padding
+from ..tree.config import TreeConfig
+from ..tree.layout import MaskLayout
+from ..tree.sizes import padded_size
+from ..verify.sampling import draft_to_probs
+from .arguments import check_call
+from .defaults import TreeArguments, resolve
+
+
+@dataclass(frozen=True)
+class GenerateCall:
+    """What generate() hands a ``custom_generate`` callable: its own preparation of the call."""
+
+    input_ids: torch.Tensor  # [B, T]
+    logits_processor: object  # generate()'s LogitsProcessorList
+    stopping_criteria: object  # generate()'s StoppingCriteriaList (max length and EOS included)
+    generation_config: object
+    model_kwargs: dict  # attention_mask, the cache generate() made or was given, inputs_embeds, ...
+
+
+@dataclass(frozen=True)
+class Options:
+    """opttree's own arguments of the call."""
+
+    draft_model: object  # anything draft_model= takes
+    tree: TreeArguments
+    streamer: object | None = None
+    generator: torch.Generator | None = None
+    prompt_streamed: bool = False  # generate() has already put the prompt into ``streamer``
+
+
+@dataclass
+class DecodeCall:
+    """A call ready to decode (see the module docstring)."""
+
+    model: object
+    drafters: DrafterRows
+    input_ids: torch.Tensor  # [B, T] long
+    attention_mask: torch.Tensor | None
+    cache: TreeCache  # the target's, opened for trees (closed by the decode)
+    settings: DecodeSettings
+    model_inputs: ModelInputs | None
+    kernels: list[torch.nn.Module]  # the modules whose few-row linears run through opttree's CPU kernels
+    return_dict: bool  # generate()'s return_dict_in_generate
+    stream_prompt: bool  # the decode puts the prompt into the streamer first
+
+
+def prepare(model, call: GenerateCall, options: Options) -> DecodeCall:
+    """Check everything, calibrate ``"auto"`` if asked, and open the target's cache (see the module docstring)."""
+    if options.draft_model is None:
+        raise ValueError("speculative generation needs draft_model=<a small causal LM with the target's vocabulary>")
+    config_in, kwargs = call.generation_config, call.model_kwargs
+    input_ids = call.input_ids.long()  # generate()'s output is long whatever the prompt's dtype
+    check_generation_mode(config_in)
+    check_call(config_in, kwargs, call.logits_processor, input_ids)  # the contract's refusals (contract.py)
+    check_weights(model, "target")
+    MaskLayout.of(model.config)  # layer types opttree cannot mask are refused by name
+    rows = input_ids.shape[0]
+    if options.streamer is not None and rows > 1:
+        raise ValueError("streamers take one sequence (generate()'s rule): stream one prompt per generate() call")
+    attention_mask = kwargs.get("attention_mask")
+    draft = prepare_draft(options.draft_model, model)  # a draft folder: loaded once for this call
+    sampling = bool(config_in.do_sample)
+    to_probs = draft_to_probs(call.logits_processor) if sampling else None  # the tree sees the q the verifier sees
+    drafter = make_drafter(draft, model, to_probs)
+    max_context = context_length(model)
+    if drafter.context_length is not None:
+        max_context = min(max_context or drafter.context_length, drafter.context_length)
+    check_inputs(input_ids, attention_mask, max_context)
+    if attention_mask is not None:
+        Padding.of(attention_mask)  # a masked last prompt token is refused now, not at the first step
+    config = resolve(options.tree, can_calibrate=calibration.calibration_prefix(model, drafter) is not None)
+    max_length = call.stopping_criteria.max_length or config_in.max_length
+    need = CacheNeed(room=cache_room(input_ids, max_length, max_context, config, largest_tree(config)),
+                     plain=max_length - 1, rows=rows, implementation=config_in.cache_implementation,
+                     depth=config.max_depth)
+    cache = cache_from_generate(kwargs)
+    cache = kv_cache.generate_cache(model) if cache is None else cache  # none: use_cache=False
+    drafters = drafter.rows(rows)
+    for each in [cache, *drafters.caches()]:
+        check_cache(each, need)
+    # nodes/threshold="auto": measure this machine (a scratch drafter of the same kind is timed): the only
+    # forwards before decoding, after every check
+    policy = calibration.policy_maker(config, model, drafter, drafter.fresh)
+    opened = open_cache(cache, need)
+    verify = VerifyForward.of(model, kwargs, config_in)  # compiled where generate() would compile
+    pad = config_in._pad_token_tensor
+    settings = DecodeSettings(
+        config, call.logits_processor, call.stopping_criteria,
+        max_length=max_length,
+        context_length=max_context or (1 << 62),
+        pad_token_id=None if pad is None else int(pad),
+        pad_finished=any(hasattr(c, "eos_token_id") for c in call.stopping_criteria),  # generate()'s own test
+        do_sample=sampling,
+        streamer=options.streamer,
+        generator=options.generator,
+        output_scores=bool(config_in.output_scores),
+        output_logits=bool(config_in.output_logits),
+        new_policy=policy,
+        verify_forward=verify,
+    )
+    # few-row CPU linears' kernels (kernels.linears); a compiled target's linears are the compiler's
+    kernels = [m for m in [model, *drafter.modules()] if not (verify.compiles and m is model)]
+    return DecodeCall(model, drafters, input_ids, attention_mask, opened, settings, ModelInputs.of(kwargs), kernels,
+                      return_dict=bool(config_in.return_dict_in_generate),
+                      stream_prompt=options.streamer is not None and not options.prompt_streamed)
+
+
+def cache_room(input_ids: torch.Tensor, max_length: int, max_context: int | None, config: TreeConfig,
+               max_nodes: int) -> int:
+    """The most slots a cache may reach: the longest sequence plus one step's tree padded to its
+    verification size; a batch also leaves holes (each step adds 1 + the most tokens any row accepted)."""
+    if input_ids.shape[0] == 1:
+        return min(max_length, max_context or max_length) + padded_size(max_nodes + 1)
+    steps = max(max_length - input_ids.shape[1], 1)
+    return input_ids.shape[1] + steps * (1 + min(max_nodes, config.max_depth)) + padded_size(max_nodes + 1)
+
+
+__all__ = ["DecodeCall", "GenerateCall", "Options", "cache_room", "prepare"]
