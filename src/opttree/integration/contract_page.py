@@ -36,13 +36,29 @@ NOTES = """\
   per-row `prompt_ignore_length`, a processor of your own with batch state). Processors run at tree
   nodes, possibly more than once per emitted token, so one that keeps state between calls cannot be
   honoured: transformers' stateful ones are refused.
-- **Static caches.** `cache_implementation="static"` (or an empty `StaticCache` passed in), one prompt:
-  the tree's mask spans the cache's slots and the accepted path is moved in place. A static cache made
-  by generate() gets room for one padded tree before its first forward; one already allocated and too
+- **Caches** (`opttree.hf.tree_cache`, the same on every way in, checked before any forward):
+
+  | cache | opttree |
+  |---|---|
+  | none, `"dynamic"`, an empty `DynamicCache` | honoured |
+  | `"static"` (and `"sliding_window"`, `"hybrid"`, `"hybrid_chunked"`, which build one), an empty `StaticCache` | honoured for one prompt |
+  | `"offloaded"`, `"offloaded_static"`, `"quantized"`, `"paged"` | refused: drop `cache_implementation=` or use `"static"` |
+  | an offloaded `DynamicCache`/`StaticCache`, another `Cache` class, a filled cache | refused, naming the cache to pass |
+  | a `StaticCache` with a batch of prompts | refused: one prompt per call, or no cache for the batch |
+
+  A static cache: the tree's mask spans the cache's slots and the accepted path is moved in place; one
+  made by generate() gets room for one padded tree (`max_cache_len=` sizes it for every call); one too
   small is refused, naming the `max_cache_len` to ask for. Where generate() would compile plain
   decoding (a GPU, or `compile_config` with `_compile_all_devices`; not `disable_compile=True`),
   opttree's verification forwards run through generate()'s own compiled callable, one graph per fixed
-  size; a size whose compile fails runs eagerly, with one warning.
+  size; a size whose compile fails runs eagerly, with one warning. A cache passed in comes back as plain
+  leaves it (its tensors ordinary, `reset()` works). With `cache_implementation="paged"` on the third
+  way transformers runs its continuous batching before it looks at `custom_generate=`: opttree never
+  runs and cannot refuse it.
+- **Sliding-window and chunked attention** (Gemma 2/3, GPT-OSS, Mistral with `sliding_window`, Cohere2,
+  Starcoder2, Llama 4's chunks) past the window: each layer type gets its own tree mask, read from the
+  model's config as transformers reads it, and for one prompt the cache's sliding layers keep the window
+  and the step's slots.
 - **`custom_generate=speculative_generate`** (a model not passed through `speculative()`): generate()
   drops `tokenizer=` before calling opttree and then refuses `stop_strings=` itself ("could not locate
   a tokenizer"); pass the criterion instead,
