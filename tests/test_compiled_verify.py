@@ -170,3 +170,42 @@ def test_on_cuda_a_static_cache_compiles_the_verification_as_generate_compiles_p
     out = target.generate(prompt, max_new_tokens=16, do_sample=False, cache_implementation="static",
                           custom_generate=speculative_generate, draft_model=target, nodes=5, threshold=0.0)
     assert compiles_seen == [True] and torch.equal(out, plain)
+
+
+def test_with_no_cache_named_the_call_verifies_compiled_where_generate_would_compile(compiles_seen):
+    """No cache_implementation=, a device generate() compiles for (here a CPU told to with
+    _compile_all_devices, as a GPU is by default): opttree decodes on a static cache of its own and
+    compiles its verification, on every way in. Two prompts of other lengths share the cache's size,
+    so the second compiles no graph of a size the first compiled. Controls: a cache object the user
+    passes, disable_compile=True and a batch keep the dynamic cache, eager."""
+    from opttree import SpeculativeGenerator, speculative
+    from opttree.hf.compiled import cache_slots
+
+    target = sharp("llama")
+    recorder = Recorder()
+    config = forced(recorder)
+    args = dict(max_new_tokens=12, do_sample=False, draft_model=target, nodes=5, threshold=0.0,
+                compile_config=config, return_dict_in_generate=True)
+    first = target.generate(PROMPT, custom_generate=speculative_generate, **args)
+    assert compiles_seen == [True] and torch.equal(first.sequences, target.generate(PROMPT, max_new_tokens=12))
+    assert type(first.cache).__name__ == "StaticCache"
+    assert first.cache.layers[0].max_cache_len == cache_slots(PROMPT.shape[1] + 12 + 8)
+    compiled_sizes, graphs = set(recorder.rows), len(recorder.rows)
+    longer = torch.cat([PROMPT, PROMPT[:, :5]], dim=1)  # 14 tokens: the same cache size
+    out = target.generate(longer, custom_generate=speculative_generate, **args)
+    assert torch.equal(out.sequences, target.generate(longer, max_new_tokens=12))
+    assert out.cache.layers[0].max_cache_len == first.cache.layers[0].max_cache_len
+    assert not compiled_sizes & set(recorder.rows[graphs:]), recorder.rows  # no size compiled twice
+    gen = SpeculativeGenerator(target, target, nodes=5, threshold=0.0)
+    gen.generate(PROMPT, max_new_tokens=6, compile_config=config)
+    speculative(target).generate(PROMPT, **args)
+    assert compiles_seen[-2:] == [True, True]  # the other two ways in
+    from transformers import DynamicCache
+
+    compiles_seen.clear()
+    mine = DynamicCache(config=target.config)
+    target.generate(PROMPT, custom_generate=speculative_generate, **{**args, "cache": mine})
+    target.generate(PROMPT, custom_generate=speculative_generate, **args, disable_compile=True)
+    batch = torch.cat([PROMPT, PROMPT])
+    target.generate(batch, attention_mask=torch.ones_like(batch), custom_generate=speculative_generate, **args)
+    assert compiles_seen == [False, False, False] and len(mine) > 0  # the user's cache was the one filled

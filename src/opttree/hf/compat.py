@@ -57,6 +57,14 @@ def cache_from_generate(model_kwargs: dict):
     return None
 
 
+USER_CACHE_NAMES = (NEW_CACHE_NAME, OLD_CACHE_NAME, "cache_params")  # what a user may hand generate() a cache as
+
+
+def cache_passed(arguments: dict) -> bool:
+    """Whether generate()'s keyword ``arguments`` (the user's) hand it a cache object."""
+    return any(arguments.get(name) is not None for name in USER_CACHE_NAMES)
+
+
 def output_cache(cache) -> dict:
     """``{name: cache}`` for generate()'s output dataclasses."""
     return {GENERATE_CACHE_NAME: cache}

@@ -10,6 +10,13 @@ verification size (:data:`opttree.tree.sizes.VERIFY_SIZES`: the shapes are fixed
 graphs under ``mode="reduce-overhead"``, generate()'s default. The prefill and the draft's forwards
 stay eager, as generate() keeps its prefill eager.
 
+Where generate() would compile plain decoding if its cache were static (a GPU; any device with
+``_compile_all_devices``) and the user named no cache, opttree decodes one prompt on a ``StaticCache``
+of its own and compiles the same way (:func:`compiles_on_static`): the default path on a GPU is the
+compiled one. ``disable_compile=True`` keeps it eager; a model that cannot take a static cache stays
+eager with one warning. A static cache that opttree sizes gets :func:`cache_slots` slots, one size for
+every call whose prompt and answer fit it, so a new prompt length compiles nothing new.
+
 A size whose compile or compiled run fails falls back to the eager forward, with one warning per
 size, never an abort of the call: the static cache's count is set back first, so the eager run
 writes the same slots. What runs on a machine without CUDA is the same code path with the CPU as the
@@ -23,14 +30,50 @@ import logging
 from dataclasses import dataclass, field
 from typing import Callable
 
+from transformers import StaticCache
+
 from . import kv_cache
+from .compat import GENERATE_CACHE_NAME
 
 logger = logging.getLogger(__name__)
+
+MIN_SLOTS = 256  # the smallest static cache opttree sizes
 
 
 def generate_would_compile(model, model_kwargs: dict, generation_config) -> bool:
     """Whether generate() would compile ``model``'s decoding forward for this call (its own test)."""
     return bool(model._valid_auto_compile_criteria(model_kwargs, generation_config))
+
+
+def cache_slots(room: int) -> int:
+    """The slots of a static cache opttree sizes for a call that needs ``room``: the next power of two
+    (at least MIN_SLOTS), so calls of other prompt lengths share it, and its compiled graphs."""
+    slots = MIN_SLOTS
+    while slots < room:
+        slots *= 2
+    return slots
+
+
+_warned: set[str] = set()  # model classes already warned about (one warning per class and process)
+
+
+def compiles_on_static(model, generation_config) -> bool:
+    """Whether generate() would compile ``model``'s decoding for this call if its cache were a
+    ``StaticCache`` (a device it compiles for, ``disable_compile`` not set, no quantizer or offload);
+    False, with one warning, where it would but the model cannot take a static cache."""
+    probe = {GENERATE_CACHE_NAME: StaticCache(config=model.config, max_cache_len=1)}  # lazy: nothing allocated
+    if generation_config.compile_config is None and model.device.type not in ("cuda", "xpu", "neuron", "tpu"):
+        return False  # generate()'s own test would say no (asked quietly: it warns where compile_config is set)
+    if not generate_would_compile(model, probe, generation_config):
+        return False
+    if not model._can_compile_fullgraph:
+        name = type(model).__name__
+        if name not in _warned:
+            _warned.add(name)
+            logger.warning("%s cannot be compiled with a static cache (transformers' _can_compile_fullgraph): "
+                           "opttree verifies eagerly on a dynamic cache", name)
+        return False
+    return True
 
 
 @dataclass
@@ -67,4 +110,4 @@ class VerifyForward:
             return self.model(**kwargs)
 
 
-__all__ = ["VerifyForward", "generate_would_compile"]
+__all__ = ["MIN_SLOTS", "VerifyForward", "cache_slots", "compiles_on_static", "generate_would_compile"]

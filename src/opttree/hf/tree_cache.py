@@ -14,8 +14,9 @@ slots, so a tree's nodes would push committed tokens out of it; each one is stoo
 opttree decodes (``kv_cache.full_layer``): for one prompt by a ``WindowLayer``, which keeps the
 window, the deepest accepted path and the step in flight; for a batch, or in a static cache, by a
 layer that keeps every slot. The tree masks hide what the window hides.
-A static cache's full layers get the room of one padded tree beyond the call's tokens while they
-hold no tensor yet. Closing (:meth:`TreeCache.close`) puts the sliding layers back, holding what
+A static cache's full layers too small for the call get, while they hold no tensor yet, the room of
+one padded tree beyond the call's tokens, rounded up to a size calls of other lengths share
+(:func:`opttree.hf.compiled.cache_slots`: their compiled graphs too). Closing (:meth:`TreeCache.close`) puts the sliding layers back, holding what
 plain decoding leaves in them (the last window of the committed tokens), and, for a cache the user
 sees again, makes its tensors ordinary ones (opttree runs under ``torch.inference_mode``, whose
 tensors ``reset()`` and a later in-place write refuse).
@@ -30,6 +31,7 @@ from transformers import DynamicCache, StaticCache
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer, StaticLayer, StaticSlidingWindowLayer
 
 from . import kv_cache
+from .compiled import cache_slots
 
 #: cache_implementation values opttree decodes on (None: generate()'s default, a DynamicCache)
 HONOURED_IMPLEMENTATIONS = (None, "dynamic", "static", "sliding_window", "hybrid", "hybrid_chunked")
@@ -131,7 +133,8 @@ def open_cache(cache, need: CacheNeed) -> TreeCache:
     slots = None
     if kv_cache.is_static(cache):
         full = _full_static_layers(cache)
-        slots = max([need.room] + [layer.max_cache_len for layer in full])
+        held = max([layer.max_cache_len for layer in full], default=0)
+        slots = held if held >= need.room else cache_slots(need.room)  # one size for every prompt length
         for layer in full:
             if not layer.is_initialized:  # nothing allocated yet: the tensors are made at the first forward, this long
                 layer.max_cache_len = slots

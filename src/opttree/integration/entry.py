@@ -13,7 +13,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from ..drafters.make import check_pair, is_draft_model
 from ..hf import kv_cache
-from ..hf.compat import generate_locals, output_cache, streamer_kept_by_generate
+from ..hf.compat import cache_passed, generate_locals, output_cache, streamer_kept_by_generate
 from ..kernels.linears import fast_linears
 from ..loading import prepare_draft
 from ..loop.generation import speculative_decode
@@ -82,19 +82,20 @@ def speculative_generate(
     check_dropped_arguments(model, {k: caller.get(k) for k in ("assistant_model", "synced_gpus")})
     kept = streamer_kept_by_generate()
     streamer = kept if streamer is None else streamer
-    options = Options(draft_model, tree, streamer, generator, prompt_streamed=kept is not None and kept is streamer)
+    options = Options(draft_model, tree, streamer, generator, prompt_streamed=kept is not None and kept is streamer,
+                      cache_given=cache_passed(caller.get("kwargs") or {}))
     return decode(prepare(model, GenerateCall(input_ids, logits_processor, stopping_criteria, generation_config,
                                               model_kwargs), options))
 
 
-def _bound(draft_model, tree: TreeArguments, streamer, generator):
+def _bound(draft_model, tree: TreeArguments, streamer, generator, cache_given: bool):
     """A custom_generate callable with opttree's arguments bound (and the user's streamer)."""
 
     def custom_generate(model, input_ids, logits_processor, stopping_criteria, generation_config,
                         synced_gpus=False, **model_kwargs):
         model_kwargs.pop("streamer", None)
         call = GenerateCall(input_ids, logits_processor, stopping_criteria, generation_config, model_kwargs)
-        return decode(prepare(model, call, Options(draft_model, tree, streamer, generator)))
+        return decode(prepare(model, call, Options(draft_model, tree, streamer, generator, cache_given=cache_given)))
 
     return custom_generate
 
@@ -109,7 +110,7 @@ def bind_call(model, draft_model, generator, kwargs: dict):
                          "takes the assistant itself as draft_model=)")
     check_dropped_arguments(model, kwargs)
     stop_strings_criterion(model, kwargs)
-    return _bound(draft_model, tree, kwargs.pop("streamer", None), generator)
+    return _bound(draft_model, tree, kwargs.pop("streamer", None), generator, cache_passed(kwargs))
 
 
 def hub_generate(model, draft_model=None, generator=None, **arguments):
@@ -224,7 +225,7 @@ class SpeculativeGenerator:
         streamer = kwargs.pop("streamer", None)
         want_dict = kwargs.pop("return_dict_in_generate", False)
         out = self.target.generate(
-            inputs, custom_generate=_bound(self.draft, tree, streamer, generator or self.generator),
+            inputs, custom_generate=_bound(self.draft, tree, streamer, generator or self.generator, cache_passed(kwargs)),
             return_dict_in_generate=True, **kwargs,
         )
         self.last_stats = out.stats

@@ -15,14 +15,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from transformers import StaticCache
 
 from ..budget import calibration
 from ..budget.latency import largest_tree
 from ..drafters import make_drafter
 from ..drafters.base import DrafterRows
 from ..hf import kv_cache
-from ..hf.compat import cache_from_generate
-from ..hf.compiled import VerifyForward
+from ..hf.compat import GENERATE_CACHE_NAME, cache_from_generate
+from ..hf.compiled import VerifyForward, cache_slots, compiles_on_static
 from ..hf.tree_cache import CacheNeed, TreeCache, check_cache, open_cache
 from ..hf.validation import check_generation_mode, check_inputs, check_weights, context_length
 from ..loading import prepare_draft
@@ -57,6 +58,7 @@ class Options:
     streamer: object | None = None
     generator: torch.Generator | None = None
     prompt_streamed: bool = False  # generate() has already put the prompt into ``streamer``
+    cache_given: bool = False  # the user passed a cache object (generate() did not make it)
 
 
 @dataclass
@@ -106,6 +108,9 @@ def prepare(model, call: GenerateCall, options: Options) -> DecodeCall:
                      depth=config.max_depth)
     cache = cache_from_generate(kwargs)
     cache = kv_cache.generate_cache(model) if cache is None else cache  # none: use_cache=False
+    if static_by_default(model, config_in, options, rows):  # the compiled path where generate() would compile
+        cache = StaticCache(config=model.config, max_cache_len=cache_slots(need.room))
+        kwargs = {**kwargs, GENERATE_CACHE_NAME: cache}
     drafters = drafter.rows(rows)
     for each in [cache, *drafters.caches()]:
         check_cache(each, need)
@@ -136,6 +141,17 @@ def prepare(model, call: GenerateCall, options: Options) -> DecodeCall:
                       stream_prompt=options.streamer is not None and not options.prompt_streamed)
 
 
+def static_by_default(model, generation_config, options: Options, rows: int) -> bool:
+    """Whether this call decodes on a static cache opttree makes, so that its verification compiles:
+    the user named no cache (no ``cache_implementation=``, no cache object), one prompt, a model whose
+    layers all attend fully, and generate() would compile plain decoding with a static cache
+    (:func:`opttree.hf.compiled.compiles_on_static`: a GPU, or ``compile_config`` with
+    ``_compile_all_devices``; not ``disable_compile=True``)."""
+    if options.cache_given or generation_config.cache_implementation is not None or rows != 1:
+        return False
+    return not MaskLayout.of(model.config).windowed and compiles_on_static(model, generation_config)
+
+
 def cache_room(input_ids: torch.Tensor, max_length: int, max_context: int | None, config: TreeConfig,
                max_nodes: int) -> int:
     """The most slots a cache may reach: the longest sequence plus one step's tree padded to its
@@ -146,4 +162,4 @@ def cache_room(input_ids: torch.Tensor, max_length: int, max_context: int | None
     return input_ids.shape[1] + steps * (1 + min(max_nodes, config.max_depth)) + padded_size(max_nodes + 1)
 
 
-__all__ = ["DecodeCall", "GenerateCall", "Options", "cache_room", "prepare"]
+__all__ = ["DecodeCall", "GenerateCall", "Options", "cache_room", "prepare", "static_by_default"]
