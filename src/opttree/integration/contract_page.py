@@ -51,8 +51,12 @@ NOTES = """\
   small is refused, naming the `max_cache_len` to ask for. Where generate() would compile plain
   decoding (a GPU, or `compile_config` with `_compile_all_devices`; not `disable_compile=True`),
   opttree's verification forwards run through generate()'s own compiled callable, one graph per fixed
-  size; a size whose compile fails runs eagerly, with one warning. A cache passed in comes back as plain
-  leaves it (its tensors ordinary, `reset()` works). With `cache_implementation="paged"` on the third
+  size; a size whose compile fails runs eagerly, with one warning. With no cache named, on a device
+  generate() compiles for (a GPU; `compile_config._compile_all_devices` elsewhere), one prompt decodes on
+  a static cache of opttree's own, so its verification compiles there too: the default on a GPU is the
+  compiled path (`disable_compile=True` keeps it eager). A static cache opttree sizes holds a power of
+  two of slots, shared by other prompt lengths, so they compile nothing new. A cache passed in comes
+  back as plain leaves it (its tensors ordinary, `reset()` works). With `cache_implementation="paged"` on the third
   way transformers runs its continuous batching before it looks at `custom_generate=`: opttree never
   runs and cannot refuse it.
 - **Sliding-window and chunked attention** (Gemma 2/3, GPT-OSS, Mistral with `sliding_window`, Cohere2,
