@@ -28,7 +28,7 @@ from transformers import StoppingCriteria, StoppingCriteriaList
 
 from ..drafters.make import is_draft_model
 from ..kernels.linears import fast_linears
-from ..integration.defaults import TREE_ARGS, given_settings, resolve
+from ..integration.defaults import TREE_ARGS, TreeArguments, resolve
 from ..integration.entry import speculative_generate
 from ..loop.stats import GenerationStats
 
@@ -169,7 +169,7 @@ def opttree_method(target, draft, name: str = "opttree", extra: dict | None = No
     unknown = set(tree) - set(TREE_ARGS)
     if unknown:
         raise ValueError(f"unknown tree settings {sorted(unknown)}; known: {', '.join(TREE_ARGS)}")
-    config = resolve(given_settings(**tree))  # validates now; what one prompt runs with (opttree.integration.defaults)
+    config = resolve(TreeArguments.of(**tree))  # validates now; what one prompt runs with (opttree.integration.defaults)
 
     def generate(input_ids, max_new_tokens):
         out = target.generate(input_ids, custom_generate=speculative_generate, draft_model=draft,
