@@ -1,4 +1,5 @@
-"""Where a decoding step's time goes, on the real pair: SmolLM2-135M + a shipped feature head.
+"""Where a decoding step's time goes, on the real pair: SmolLM2-135M (or a stand-in of it,
+``--target smollm2:1b``) + a shipped feature head.
 
 Wraps a few functions of the loop with wall-clock timers (no profiler: their own cost is a few µs
 a call) and prints ms per step for each: the target's verify forward, the whole drafting phase,
@@ -64,6 +65,7 @@ def timed(spent: collections.Counter) -> list:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    parser.add_argument("--target", default="smollm2", help="as opttree bench names it, e.g. smollm2:1b")
     parser.add_argument("--draft-dtype", default=None, help="the head's dtype (default: the target's)")
     parser.add_argument("--draft", default=str(ROOT / "drafts" / "smollm2-135m-head"))
     parser.add_argument("--nodes", type=int, default=60)
@@ -81,11 +83,10 @@ def main(argv=None) -> None:
     from opttree import SpeculativeGenerator
     from opttree import load_draft
     from opttree.loading.machine import cpu_model
-    from opttree.smollm2 import load_smollm2
+    from opttree.bench.models import load_target
 
     dtype = getattr(torch, args.dtype)
-    target, tok = load_smollm2()
-    target = target.to(dtype)
+    target, tok = load_target(args.target, dtype)
     head = load_draft(args.draft, target, dtype=getattr(torch, args.draft_dtype or args.dtype))
     questions = [json.loads(line) for line in args.questions.read_text().splitlines() if line.strip()]
     chosen = questions[::args.stride][:args.prompts]

@@ -718,7 +718,8 @@ def test_calibration_times_the_sizes_its_budget_allows_and_fits_the_rest(kind, a
     assert table.seconds == tuple(a + b * (n + 1) for n in timed)
     spent = sum(a + b * (n + 1) for n in calls)
     budget = max(calibration.BUDGET_FORWARDS * (a + b), calibration.BUDGET_SECONDS)
-    assert spent <= budget + 2 * (a + b * 16)  # the first two sizes are always timed, warm-ups included
+    one_round = sum(a + b * (n + 1) for n in timed)  # the round after the pass, always run
+    assert spent <= budget + 2 * (a + b * 16) + one_round  # the first two sizes are always timed, warm-ups included
     assert calls[:4] == [0, 0, 15, 15]  # each size warmed, then timed; the ends first
     full = latency_module.complete_table(table, calibration.VERIFY_NODES)
     assert full.sizes == calibration.VERIFY_NODES
@@ -765,3 +766,19 @@ def test_calibration_times_a_sliding_window_model_past_its_window_as_decoding_ru
     times = calibration.measure_verify(target, sizes=(1, 7), prefix=calibration.CALIBRATION_PREFIX, repeats=1)
     assert len(times) == 2 and all(t > 0 for t in times)
     assert seen and all(layout is not None and layout.windowed for layout in seen)
+
+
+def test_a_size_is_warmed_until_its_forwards_stop_getting_faster():
+    """The first forwards of a size pay its kernels' trials and packing (or a compile): the timed
+    forward is the first that is no faster than 0.8 x the one before it, after at most 4."""
+    class Rig:
+        def __init__(self, seconds):
+            self.seconds = list(seconds)
+
+        def run(self, n):
+            return self.seconds.pop(0)
+
+    assert calibration.warm_then_time(Rig([7.0, 0.9, 0.35, 0.34]), 15) == (0.34, 4)
+    assert calibration.warm_then_time(Rig([7.0, 0.9, 0.85]), 15) == (0.85, 3)
+    assert calibration.warm_then_time(Rig([0.3, 0.29, 9.0]), 0) == (0.29, 2)  # steady at once: one warm-up
+    assert calibration.warm_then_time(Rig([8.0, 4.0, 2.0, 1.0, 0.5]), 63) == (1.0, 4)  # at most four

@@ -549,3 +549,20 @@ def test_the_functional_product_is_the_stock_one_outside_a_block_and_the_kernels
     stock = ORIGINAL(x, w, b)
     with fast_linears(on=True):
         assert torch.allclose(linears.linear(x, w, b), stock, atol=1e-5) and len(calls) == 1
+
+
+def test_a_weight_bigger_than_any_cache_is_decided_at_its_first_product(monkeypatch):
+    """An LM head is met once a forward: its trials all run at its first product (it comes from
+    memory each time anyway), not one product per forward. A smaller weight keeps one trial per
+    product (control)."""
+    x, big, small = torch.randn(3, 16), torch.randn(64, 16), torch.randn(8, 16)
+    monkeypatch.setattr(linears, "IN_PLACE_BYTES", big.numel() * big.element_size())
+    names = linears.candidates(torch.float32, 3)
+    calls = {name: count_calls(monkeypatch, name) for name in names}
+    torch.testing.assert_close(fast_linear(x, big), ORIGINAL(x, big), rtol=1e-5, atol=1e-5)
+    threads = torch.get_num_threads()
+    assert (torch.float32, threads, 3, 64, 16) in linears.decisions()
+    assert all(len(c) == TRIALS for c in calls.values())  # every candidate timed TRIALS times, at once
+    fast_linear(x, small)
+    assert (torch.float32, threads, 3, 8, 16) not in linears.decisions()  # one trial, not decided yet
+    assert sum(len(c) for c in calls.values()) == TRIALS * len(names) + 1

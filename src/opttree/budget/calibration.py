@@ -32,6 +32,7 @@ import torch
 from ..drafters.base import Drafter
 from ..kernels import linears
 from ..hf.compat import with_cache
+from ..hf.inflated import carried_width
 from ..tree.config import TreeConfig
 from ..tree.draft_tree import DraftTree
 from ..tree.layout import MaskLayout
@@ -57,7 +58,7 @@ TIMING_ORDER = (0, 15, 63, 3, 31, 7, 1)
 BUDGET_FORWARDS = 6.0  # the verification timing's budget, in forwards of one row (warm-ups included) ...
 BUDGET_SECONDS = 0.5  # ... or this many seconds, whichever is more (a GPU times every size in well under it)
 DRAFTER_REPEATS = 3  # timed rounds of the drafter's protocol
-CALIBRATION_VERSION = 7  # bump when what is measured changes: old files are then ignored (7: a few sizes timed)
+CALIBRATION_VERSION = 8  # bump when what is measured changes: old files are then ignored (8: a few sizes timed, warmed)
 
 _PAIRS: dict[str, LatencyModel] = {}  # key digest -> the process's (refreshed) model of that pair
 _pairs_lock = threading.Lock()  # guards _PAIRS; held for a dict read or write only
@@ -268,13 +269,25 @@ def measure_verify(target, sizes=VERIFY_NODES, prefix: int = CALIBRATION_PREFIX,
     return tuple(_median(times[n]) for n in sizes)
 
 
+def warm_then_time(rig: "VerifyRig", n: int, most: int = 4) -> tuple[float, int]:
+    """(seconds of a timed forward of ``n`` nodes, forwards run): forwards are run until one is no
+    faster than 0.8 × the one before (the first forwards of a size choose its CPU kernels and pack
+    their weights, or compile its graph), at most ``most``; the last is the timed one."""
+    runs = [rig.run(n), rig.run(n)]
+    while len(runs) < most and runs[-1] < 0.8 * runs[-2]:
+        runs.append(rig.run(n))
+    return runs[-1], len(runs)
+
+
 def measure_verify_budgeted(target, prefix: int = CALIBRATION_PREFIX, order=TIMING_ORDER,
                             forwards: float = BUDGET_FORWARDS, seconds: float = BUDGET_SECONDS) -> LatencyTable:
-    """T(n) at as many sizes of ``order`` as a budget allows: each size warmed once (its kernels
-    chosen, its graph compiled) then timed, in ``order``, the first two always, a next one only where
-    the time spent so far plus its predicted cost (twice the fit of those timed) stays within
-    max(``forwards`` × T(the first), ``seconds``); then more timed rounds of the timed sizes while
-    the budget lasts (at most REPEATS; medians). -> the table of the sizes timed."""
+    """T(n) at as many sizes of ``order`` as a budget allows: each size warmed (:func:`warm_then_time`)
+    then timed, in ``order``, the first two always, a next one only where the time spent so far plus
+    its predicted cost stays within max(``forwards`` × T(the first), ``seconds``); then one more timed
+    round of the timed sizes, and more while the budget lasts (at most REPEATS; the fastest of each). Time is counted in
+    steady forwards (a warm-up at its size's timed cost): what a size's first forwards pay once (a
+    kernel's trials and packed weights, a compile) decoding would pay at its first step there too.
+    -> the table of the sizes timed."""
     rig = VerifyRig(target, prefix)
     times: dict[int, list[float]] = {}
     spent, budget = 0.0, None
@@ -283,19 +296,19 @@ def measure_verify_budgeted(target, prefix: int = CALIBRATION_PREFIX, order=TIMI
             fit = LatencyTable(tuple(sorted(times)), tuple(times[k][0] for k in sorted(times)))
             if spent + 2 * fit.at(n) > budget:
                 break
-        warm, timed = rig.run(n), rig.run(n)
-        spent += warm + timed
+        timed, runs = warm_then_time(rig, n)
+        spent += runs * timed
         times[n] = [timed]
         budget = budget if budget is not None else max(forwards * timed, seconds)
-    for _ in range(REPEATS - 1):
-        round_cost = sum(_median(t) for t in times.values())
-        if spent + round_cost > budget:
+    for round_ in range(REPEATS - 1):  # one more round always: a size timed early may have paid for a later one's
+        round_cost = sum(min(t) for t in times.values())  # warm-up (weights packed in its forwards)
+        if round_ > 0 and spent + round_cost > budget:
             break
         for n in times:
             times[n].append(rig.run(n))
         spent += round_cost
     sizes = tuple(sorted(times))
-    return LatencyTable(sizes, tuple(_median(times[n]) for n in sizes))
+    return LatencyTable(sizes, tuple(min(times[n]) for n in sizes))  # load only ever adds time
 
 
 def measure_drafter(drafter, vocab: int, device, widths=DRAFT_WIDTHS, prefix: int = CALIBRATION_PREFIX,
@@ -359,9 +372,8 @@ def measure(target, new_drafter: Callable[[], object] | None, prefix: int = CALI
     latency = LatencyModel(verify=complete_table(timed, VERIFY_NODES), verify_measured=frozenset(timed.sizes))
     if new_drafter is not None:
         try:
-            text = target.config.get_text_config() if hasattr(target.config, "get_text_config") else target.config
             root, layers = measure_drafter(new_drafter(), vocab_size(target), target.device, prefix=prefix,
-                                           hidden_size=getattr(text, "hidden_size", None))
+                                           hidden_size=carried_width(target.config))
         except Exception as error:  # a drafter that cannot run on synthetic text: learn online instead
             logger.warning("could not time the drafter (%s: %s); learning its cost from the steps",
                            type(error).__name__, error)

@@ -59,6 +59,10 @@ from .cpu import cpu_support
 
 MAX_ROWS = 64  # products of more rows (prefills) take the stock path
 TRIALS = 3  # timed products of each candidate per key before "auto" picks one
+# A weight this big comes from memory even when multiplied several times in a row (bigger than any
+# CPU's last-level cache): its key's trials all run at its first product, instead of one product
+# per forward (an LM head, met once a forward, would otherwise take len(candidates) * TRIALS forwards).
+IN_PLACE_BYTES = 128 << 20
 KERNELS = ("stock", "weight_major", "onednn", "onednn_pad")
 DTYPES = (torch.float32, torch.bfloat16)
 
@@ -101,6 +105,7 @@ def _onednn(flat: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None)
     return torch.ops.mkldnn._linear_pointwise(flat, packed_weight(weight), bias, "none", [], "")
 
 
+PACKED = ("onednn", "onednn_pad")  # the kernels that read a packed copy of the weight
 PAD_ROWS = 4  # "onednn_pad" runs fewer rows as this many (oneDNN's few-row matmul can cost more than 4 rows')
 
 
@@ -218,7 +223,23 @@ def _drop(key: Key, names: tuple[str, ...], name: str) -> None:
 
 
 def _trial(key: Key, names: tuple[str, ...], flat, weight, bias) -> torch.Tensor:
+    out = _trial_once(key, names, flat, weight, bias)
+    if weight.numel() * weight.element_size() >= IN_PLACE_BYTES:  # every trial now (see IN_PLACE_BYTES)
+        while key not in _chosen:
+            _trial_once(key, names, flat, weight, bias)
+    return out
+
+
+def _trial_once(key: Key, names: tuple[str, ...], flat, weight, bias) -> torch.Tensor:
+    """One timed product of the candidate with the fewest so far (see :func:`_next_trial`); a oneDNN
+    candidate's packed copy of the weight is made before the clock starts (made once, it is no part
+    of a product's cost)."""
     name = _next_trial(key, names)
+    if name in PACKED and cpu_support().onednn:
+        try:
+            packed_weight(weight)
+        except (RuntimeError, NotImplementedError):
+            pass  # the product below fails the same way and drops the candidate
     start = time.perf_counter()
     try:
         out = _KERNEL[name](flat, weight, bias)
@@ -367,6 +388,6 @@ def fast_linears(*models, on: bool = True):
         _this_thread.open = False
 
 
-__all__ = ["DTYPES", "KERNELS", "MAX_ROWS", "TRIALS", "FastLinearMode", "active", "candidates", "decisions",
+__all__ = ["DTYPES", "IN_PLACE_BYTES", "KERNELS", "MAX_ROWS", "TRIALS", "FastLinearMode", "active", "candidates", "decisions",
            "dropped", "fast_linear", "fast_linears", "forget_decisions", "helps", "linear", "mode",
            "packed_weight", "pick", "swappable"]
