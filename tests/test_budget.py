@@ -54,7 +54,8 @@ BUDGET_NAMES = ['AUTO_MAX_NODES', 'AffineFit', 'AutoPolicy', 'BudgetPolicy', 'CA
              'calibration_prefix', 'clear_calibrations', 'drafter_fingerprint', 'expected_speed', 'from_json',
              'known_latency', 'layer_pays', 'layer_width', 'lower_envelope', 'make_policy', 'measure',
              'measure_drafter', 'measure_verify', 'model_fingerprint', 'next_layer_guess', 'read_cached', 'to_json',
-             'policy_maker', 'write_cached']  # every public name of the budget
+             'policy_maker', 'write_cached', 'complete_table', 'forward_kind', 'measure_verify_budgeted', 'VerifyRig',
+             'warm_then_time', 'with_fitted_sizes']  # every public name of the budget
 
 
 def test_every_budget_name_has_one_home():
@@ -423,7 +424,7 @@ def test_the_loop_asks_the_policy_each_step_and_tells_it_the_cost(monkeypatch):
     target = peaked(tiny_model("llama", seed=0), scale=30.0)
     ids = torch.randint(3, 90, (1, 7), generator=torch.Generator().manual_seed(2))
     policy = RecordingPolicy(6)
-    monkeypatch.setattr(integration.calibration, "policy_maker", lambda *args: lambda: policy)
+    monkeypatch.setattr(integration.calibration, "policy_maker", lambda *args, **kwargs: lambda: policy)
     ref = target.generate(ids, max_new_tokens=16, do_sample=False)
     out = target.generate(ids, max_new_tokens=16, do_sample=False, custom_generate=speculative_generate,
                           draft_model=target, max_depth=4, return_dict_in_generate=True)
@@ -508,7 +509,7 @@ def test_concurrent_auto_calls_measure_each_pair_once_and_one_at_a_time(pair, tm
     other = ModelDrafter(tiny_model("llama", seed=1, layers=2))
     running, overlaps, measured = [0], [], []
 
-    def slow_measure(target, new_drafter, prefix):  # a fake measurement long enough for the threads to race
+    def slow_measure(target, new_drafter, prefix, *timed_as, **how):  # a fake measurement long enough for the threads to race
         running[0] += 1
         overlaps.append(running[0])
         time.sleep(0.2)
@@ -634,7 +635,7 @@ def test_steps_that_verify_the_root_alone_stay_lossless(monkeypatch):
     ids = torch.randint(3, 90, (1, 7), generator=torch.Generator().manual_seed(4))
     policy = RecordingPolicy(8)
     policy.plan = lambda: StepPlan(nodes=8, threshold=0.0, size=lambda path_probs: 0)  # auto's m = 0, every step
-    monkeypatch.setattr(integration.calibration, "policy_maker", lambda *args: lambda: policy)
+    monkeypatch.setattr(integration.calibration, "policy_maker", lambda *args, **kwargs: lambda: policy)
     ref = target.generate(ids, max_new_tokens=12, do_sample=False)
     for draft in (target, "prompt_lookup"):
         out = target.generate(ids, max_new_tokens=12, do_sample=False, custom_generate=speculative_generate,
@@ -696,7 +697,7 @@ class FakeRig:
     def __init__(self, a: float, b: float, calls: list):
         self.a, self.b, self.calls = a, b, calls
 
-    def __call__(self, target, prefix):
+    def __call__(self, target, prefix, forward=None, hidden=False):
         return self
 
     def run(self, n: int) -> float:

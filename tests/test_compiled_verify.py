@@ -209,3 +209,37 @@ def test_with_no_cache_named_the_call_verifies_compiled_where_generate_would_com
     batch = torch.cat([PROMPT, PROMPT])
     target.generate(batch, attention_mask=torch.ones_like(batch), custom_generate=speculative_generate, **args)
     assert compiles_seen == [False, False, False] and len(mine) > 0  # the user's cache was the one filled
+
+
+def test_auto_calibrates_through_the_compiled_forward_and_decoding_reuses_its_graphs(tmp_path, monkeypatch):
+    """nodes="auto" where the verification compiles: calibration times the compiled forward (its graphs,
+    on a static cache of a short call's size), its file says so, and the call's decoding compiles no
+    graph of a size calibration compiled. Control: the same call eager times eagerly ("eager" key)."""
+    from opttree.budget import calibration
+
+    monkeypatch.setenv("OPTTREE_CALIBRATION_DIR", str(tmp_path))
+    calibration.clear_calibrations()
+    target = sharp("llama")
+    recorder = Recorder()
+    seen = []
+    real = calibration.measure_verify_budgeted
+
+    def spy(*args, **kwargs):
+        before = len(recorder.rows)
+        table = real(*args, **kwargs)
+        seen.append((calibration.forward_kind(kwargs.get("forward")), recorder.rows[before:]))
+        return table
+
+    monkeypatch.setattr(calibration, "measure_verify_budgeted", spy)
+    out = target.generate(PROMPT, max_new_tokens=12, do_sample=False, custom_generate=speculative_generate,
+                          draft_model=target, compile_config=forced(recorder))
+    assert torch.equal(out, target.generate(PROMPT, max_new_tokens=12))
+    (kind, calibrated), = seen
+    assert kind == "compiled" and calibrated and set(calibrated) <= set(VERIFY_SIZES)
+    assert not set(calibrated) & set(recorder.rows[len(calibrated):])  # decoding compiled none of those again
+    files = list(tmp_path.glob("*.json"))
+    assert len(files) == 1 and '"forward": "compiled"' in files[0].read_text()
+    calibration.clear_calibrations()
+    target.generate(PROMPT, max_new_tokens=12, do_sample=False, custom_generate=speculative_generate,
+                    draft_model=target)  # a CPU by default: eager
+    assert [k for k, _ in seen] == ["compiled", "eager"] and len(list(tmp_path.glob("*.json"))) == 2

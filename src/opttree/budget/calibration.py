@@ -65,10 +65,10 @@ _pairs_lock = threading.Lock()  # guards _PAIRS; held for a dict read or write o
 _measuring = threading.Lock()  # one calibration at a time: concurrent ones would time each other
 
 
-def known_latency(target, drafter=None) -> LatencyModel | None:
+def known_latency(target, drafter=None, forward=None) -> LatencyModel | None:
     """This process's (refreshed) LatencyModel of the pair, if it was calibrated; else None."""
     prefix = calibration_prefix(target, drafter)
-    return None if prefix is None else _remembered(_digest(calibration_key(target, drafter, prefix)))
+    return None if prefix is None else _remembered(_digest(calibration_key(target, drafter, prefix, forward)))
 
 
 def _remembered(digest: str) -> LatencyModel | None:
@@ -113,8 +113,14 @@ def drafter_fingerprint(drafter, depth: int = 2) -> dict | None:
             "inner": inner, "settings": scalars}
 
 
-def calibration_key(target, drafter, prefix: int = CALIBRATION_PREFIX) -> dict:
-    """Everything a calibration depends on; its hash names the cache file."""
+def forward_kind(forward) -> str:
+    """How the verification forward runs: "compiled" (generate()'s compiled callable) or "eager"."""
+    return "compiled" if forward is not None and forward.compiles else "eager"
+
+
+def calibration_key(target, drafter, prefix: int = CALIBRATION_PREFIX, forward=None) -> dict:
+    """Everything a calibration depends on; its hash names the cache file (and says which
+    verification forward it timed: ``"forward"``)."""
     return {
         "version": CALIBRATION_VERSION,
         "target": model_fingerprint(target),
@@ -126,6 +132,7 @@ def calibration_key(target, drafter, prefix: int = CALIBRATION_PREFIX) -> dict:
         "timing": {"order": list(TIMING_ORDER), "forwards": BUDGET_FORWARDS, "seconds": BUDGET_SECONDS},
         "draft_widths": list(DRAFT_WIDTHS),
         "prefix": prefix,
+        "forward": forward_kind(forward),
     }
 
 
@@ -219,15 +226,23 @@ class VerifyRig:
     root, padded to their verification size; a sliding-window or chunked layer holding its window,
     masked per layer type), the cache cropped back after it; its seconds."""
 
-    def __init__(self, target, prefix: int):
+    def __init__(self, target, prefix: int, forward=None, hidden: bool = False):
+        from transformers import StaticCache
+
         from ..hf import kv_cache
+        from ..hf.compiled import MIN_SLOTS
 
         self.target, self.prefix, self.kv_cache = target, prefix, kv_cache
+        self.forward, self.hidden = (forward if forward is not None and forward.compiles else None), hidden
         self.device, self.vocab = target.device, int(target.get_input_embeddings().weight.shape[0])
         self.layout = MaskLayout.of(target.config)
         self.inputs: dict[int, dict] = {}
+        self.kv_len = None if self.forward is None else MIN_SLOTS  # a compiled forward runs on a static cache
         with torch.inference_mode():
-            self.cache = kv_cache.new_cache(target)
+            if self.forward is None:
+                self.cache = kv_cache.new_cache(target)
+            else:  # the size of a short call's: the graphs it compiles are decoding's too
+                self.cache = StaticCache(config=target.config, max_cache_len=MIN_SLOTS)
             ids = (torch.arange(prefix, dtype=torch.long) * 7 % self.vocab)[None, :].to(self.device)
             target(input_ids=ids, **with_cache(target, self.cache), use_cache=True, logits_to_keep=1)
             kv_cache.keep_slots(self.cache, prefix, [])  # a sliding window's layers keep the window, as after a step
@@ -239,14 +254,20 @@ class VerifyRig:
             tree = DraftTree((torch.arange(n, dtype=torch.long) % self.vocab).to(device),
                              torch.full((n,), -1, dtype=torch.long, device=device), torch.ones(n, device=device))
             self.inputs[n] = verification_inputs(1, tree, self.prefix, self.target.dtype, size=padded_size(n + 1),
-                                                 layout=self.layout, dropped=self.dropped).as_kwargs()
+                                                 kv_len=self.kv_len, layout=self.layout,
+                                                 dropped=self.dropped).as_kwargs()
         return self.inputs[n]
 
     def run(self, n: int) -> float:
         inputs = self._inputs(n)
+        kwargs = dict(inputs, **with_cache(self.target, self.cache), use_cache=True, logits_to_keep=0,
+                      output_hidden_states=self.hidden)  # as the decoding loop calls it (hence its graphs)
         with torch.inference_mode():
             start = time.perf_counter()
-            self.target(**inputs, **with_cache(self.target, self.cache), use_cache=True, logits_to_keep=0)
+            if self.forward is None:
+                self.target(**kwargs)
+            else:
+                self.forward(self.cache, padded_size(n + 1), **kwargs)
             _sync(self.device)
             seconds = time.perf_counter() - start
             self.kv_cache.keep_slots(self.cache, self.prefix, [])
@@ -280,29 +301,33 @@ def warm_then_time(rig: "VerifyRig", n: int, most: int = 4) -> tuple[float, int]
 
 
 def measure_verify_budgeted(target, prefix: int = CALIBRATION_PREFIX, order=TIMING_ORDER,
-                            forwards: float = BUDGET_FORWARDS, seconds: float = BUDGET_SECONDS) -> LatencyTable:
+                            forwards: float = BUDGET_FORWARDS, seconds: float = BUDGET_SECONDS, forward=None,
+                            hidden: bool = False) -> LatencyTable:
     """T(n) at as many sizes of ``order`` as a budget allows: each size warmed (:func:`warm_then_time`)
     then timed, in ``order``, the first two always, a next one only where the time spent so far plus
-    its predicted cost stays within max(``forwards`` × T(the first), ``seconds``); then one more timed
-    round of the timed sizes, and more while the budget lasts (at most REPEATS; the fastest of each). Time is counted in
+    its predicted cost stays within max(``forwards`` × T(the first), ``seconds``); then more timed rounds
+    of the timed sizes while the budget lasts, and one whatever the budget where a size needed more than
+    one warm-up (the first of a process: a size timed early may have paid for a later one's packing); at
+    most REPEATS rounds in all, the fastest of each size kept. Time is counted in
     steady forwards (a warm-up at its size's timed cost): what a size's first forwards pay once (a
     kernel's trials and packed weights, a compile) decoding would pay at its first step there too.
-    -> the table of the sizes timed."""
-    rig = VerifyRig(target, prefix)
+    ``forward``, ``hidden``: as :class:`VerifyRig`. -> the table of the sizes timed."""
+    rig = VerifyRig(target, prefix, forward, hidden)
     times: dict[int, list[float]] = {}
-    spent, budget = 0.0, None
+    spent, budget, warming = 0.0, None, False
     for n in order:
         if len(times) >= 2:
             fit = LatencyTable(tuple(sorted(times)), tuple(times[k][0] for k in sorted(times)))
             if spent + 2 * fit.at(n) > budget:
                 break
         timed, runs = warm_then_time(rig, n)
+        warming = warming or runs > 2  # a size needed more than one warm-up: the process was still preparing
         spent += runs * timed
         times[n] = [timed]
         budget = budget if budget is not None else max(forwards * timed, seconds)
-    for round_ in range(REPEATS - 1):  # one more round always: a size timed early may have paid for a later one's
-        round_cost = sum(min(t) for t in times.values())  # warm-up (weights packed in its forwards)
-        if round_ > 0 and spent + round_cost > budget:
+    for round_ in range(REPEATS - 1):  # where the pass was still preparing (packing weights in its forwards),
+        round_cost = sum(min(t) for t in times.values())  # a size timed early may have paid for a later one:
+        if (round_ > 0 or not warming) and spent + round_cost > budget:  # one more round, whatever the budget
             break
         for n in times:
             times[n].append(rig.run(n))
@@ -363,12 +388,14 @@ def lower_envelope(times) -> tuple[float, ...]:
     return tuple(reversed(out))
 
 
-def measure(target, new_drafter: Callable[[], object] | None, prefix: int = CALIBRATION_PREFIX) -> LatencyModel:
-    """A fresh LatencyModel: T(n) on the target; the drafter through a scratch one from
+def measure(target, new_drafter: Callable[[], object] | None, prefix: int = CALIBRATION_PREFIX,
+            forward=None, hidden: bool = False) -> LatencyModel:
+    """A fresh LatencyModel: T(n) on the target, through ``forward`` (the verification forward decoding
+    runs; ``hidden``: it returns the hidden states); the drafter through a scratch one from
     ``new_drafter()`` (without one, or if timing it fails, the draft cost is learnt from the steps)."""
     from ..hf.validation import vocab_size
 
-    timed = measure_verify_budgeted(target, prefix=prefix)  # the sizes timed; the rest fitted, refined online
+    timed = measure_verify_budgeted(target, prefix=prefix, forward=forward, hidden=hidden)  # the rest fitted
     latency = LatencyModel(verify=complete_table(timed, VERIFY_NODES), verify_measured=frozenset(timed.sizes))
     if new_drafter is not None:
         try:
@@ -380,7 +407,8 @@ def measure(target, new_drafter: Callable[[], object] | None, prefix: int = CALI
         else:
             latency.layer = LatencyTable(DRAFT_WIDTHS, lower_envelope(layers))
             latency.root_seconds = root
-    logger.info("calibration at %d tokens: %s (the other sizes fitted); draft layer %s", prefix,
+    logger.info("calibration at %d tokens (%s): %s (the other sizes fitted); draft layer %s", prefix,
+                forward_kind(forward),
                 ", ".join(f"T({n})={t * 1e3:.1f}ms" for n, t in zip(timed.sizes, timed.seconds)),
                 "unmeasured" if latency.layer is None else
                 ", ".join(f"c({w})={t * 1e3:.1f}ms" for w, t in zip(latency.layer.sizes, latency.layer.seconds)))
@@ -388,10 +416,12 @@ def measure(target, new_drafter: Callable[[], object] | None, prefix: int = CALI
 
 
 def calibrate(target, drafter=None, new_drafter: Callable[[], object] | None = None, *,
-              folder: Path | None = None, mode: str | None = None, prefix: int | None = None) -> LatencyModel:
+              folder: Path | None = None, mode: str | None = None, prefix: int | None = None,
+              forward=None) -> LatencyModel:
     """The LatencyModel of this (target, drafter) pair on this machine: from this process's
     memory, else from the on-disk cache, else measured (and written). ``drafter`` names the pair
-    (its fingerprint), ``new_drafter()`` makes a scratch drafter to time. ``folder`` / ``mode``
+    (its fingerprint), ``new_drafter()`` makes a scratch drafter to time; ``forward`` is the
+    verification forward decoding runs (compiled or eager: timed as it runs). ``folder`` / ``mode``
     default to :func:`cache_dir` / :func:`cache_mode`, ``prefix`` to :func:`calibration_prefix`.
     Every generate() call of the process shares (and refreshes) the returned object; calls from
     several threads measure one at a time, and a pair is measured once (``mode="refresh"``: once
@@ -402,7 +432,7 @@ def calibrate(target, drafter=None, new_drafter: Callable[[], object] | None = N
     if prefix is None:
         raise ValueError(f"nodes/threshold='auto' needs a context of at least {MIN_CALIBRATION_PREFIX + _ROOM} "
                          f"tokens to calibrate")
-    key = calibration_key(target, drafter, prefix)
+    key = calibration_key(target, drafter, prefix, forward)
     digest = _digest(key)
     known = None if mode == "refresh" else _remembered(digest)
     if known is not None:
@@ -413,8 +443,10 @@ def calibrate(target, drafter=None, new_drafter: Callable[[], object] | None = N
             return known
         latency = read_cached(key, folder) if mode == "on" else None
         if latency is None:
-            with linears.fast_linears(target, *drafter.modules()):  # as the decoding loops run (integration/entry.py)
-                latency = measure(target, new_drafter, prefix)
+            compiled = forward_kind(forward) == "compiled"  # a compiled target's linears are the compiler's
+            kernels = [m for m in (target, *drafter.modules()) if not (compiled and m is target)]
+            with linears.fast_linears(*kernels, on=bool(kernels)):  # as the decoding loops run (integration/entry.py)
+                latency = measure(target, new_drafter, prefix, forward, hidden=drafter.wants_hidden_states)
             if mode != "off":
                 write_cached(key, latency, folder)
         with _pairs_lock:
@@ -435,14 +467,15 @@ def calibration_prefix(target, drafter=None) -> int | None:
     return prefix if prefix >= MIN_CALIBRATION_PREFIX else None
 
 
-def policy_maker(config: TreeConfig, target, drafter=None,
-                 new_drafter: Callable[[], object] | None = None) -> Callable[[], BudgetPolicy]:
+def policy_maker(config: TreeConfig, target, drafter=None, new_drafter: Callable[[], object] | None = None,
+                 forward=None) -> Callable[[], BudgetPolicy]:
     """Makes the step policy of each batch row for ``config``: :class:`FixedPolicy`, or for
     ``nodes``/``threshold="auto"`` an :class:`AutoPolicy` on the latency model of ``target`` and
-    the drafter (see :func:`calibrate`: measured once, shared by every row and later call)."""
+    the drafter (see :func:`calibrate`: measured once, through ``forward``, shared by every row and
+    later call)."""
     if config.nodes != "auto" and config.threshold != "auto":
         return lambda: FixedPolicy(config)
-    latency = calibrate(target, drafter, new_drafter)
+    latency = calibrate(target, drafter, new_drafter, forward=forward)
     return lambda: AutoPolicy(config, latency)
 
 
@@ -453,6 +486,6 @@ def make_policy(config: TreeConfig, target, drafter=None, new_drafter: Callable[
 
 __all__ = ["CALIBRATION_PREFIX", "CALIBRATION_VERSION", "DRAFT_WIDTHS", "MIN_CALIBRATION_PREFIX", "REPEATS",
            "VERIFY_NODES", "cache_dir", "cache_mode", "calibrate", "calibration_key", "calibration_prefix",
-           "clear_calibrations", "drafter_fingerprint", "from_json", "known_latency", "lower_envelope", "make_policy", "policy_maker",
-           "measure", "measure_drafter", "measure_verify", "model_fingerprint", "read_cached", "to_json",
-           "write_cached"]
+           "clear_calibrations", "drafter_fingerprint", "forward_kind", "from_json", "known_latency", "lower_envelope", "make_policy", "policy_maker",
+           "measure", "measure_drafter", "measure_verify", "measure_verify_budgeted", "model_fingerprint",
+           "read_cached", "to_json", "VerifyRig", "warm_then_time", "with_fitted_sizes", "write_cached"]

@@ -378,5 +378,6 @@ class AutoPolicy:
 
 
 __all__ = ["AUTO_MAX_NODES", "AffineFit", "AutoPolicy", "LatencyModel", "LatencyTable", "MIN_WIDTH", "REFRESH",
+           "complete_table",
            "SIZE_REFRESH", "START_SIZE", "WIDTH_PER_NODE", "best_choice", "best_size", "expected_speed", "layer_pays",
            "layer_width", "next_layer_guess"]

@@ -116,9 +116,9 @@ def prepare(model, call: GenerateCall, options: Options) -> DecodeCall:
         check_cache(each, need)
     # nodes/threshold="auto": measure this machine (a scratch drafter of the same kind is timed): the only
     # forwards before decoding, after every check
-    policy = calibration.policy_maker(config, model, drafter, drafter.fresh)
-    opened = open_cache(cache, need)
     verify = VerifyForward.of(model, kwargs, config_in)  # compiled where generate() would compile
+    policy = calibration.policy_maker(config, model, drafter, drafter.fresh, forward=verify)  # timed as it runs
+    opened = open_cache(cache, need)
     pad = config_in._pad_token_tensor
     settings = DecodeSettings(
         config, call.logits_processor, call.stopping_criteria,
