@@ -10,7 +10,7 @@
 #                                      default and compiled at nodes 16 and 32 (records streamed as each
 #                                      turn is judged). $OUT/bench.log, bench-summary.md, bench.tar.gz. One
 #                                      call; each target gets its share of the time left.
-#                                      OPTTREE_BENCH_TARGETS / _DEVICE / _DTYPE / _EXTRA override (the CPU
+#                                      OPTTREE_BENCH_TARGETS / _DEVICE / _DTYPE / _METHODS / _EXTRA override (the CPU
 #                                      dry run of tests/test_device_kit.py).
 #   bash scripts/device_job.sh round   drafts/smollm2-135m-head/round-gpu.toml, in ONE call, everything in memory
 #                                      (python -m opttree.distill.resident): the target's answers to the kit's
@@ -81,7 +81,7 @@ bench)
     timeout "$share" python3 -m opttree.bench --target "$target" --questions "$OPTTREE_SPEC_BENCH" \
       --draft drafts/smollm2-135m-head --assistant drafts/smollm2-135m-draft \
       --dtype "${OPTTREE_BENCH_DTYPE:-bfloat16}" --device "${OPTTREE_BENCH_DEVICE:-cuda}" \
-      --methods plain,plain-compiled,assisted,assisted-compiled,opttree \
+      --methods "${OPTTREE_BENCH_METHODS:-plain,plain-compiled,assisted,assisted-compiled,opttree}" \
       --opttree nodes=16,compiled=1 --opttree nodes=32,compiled=1 \
       --categories "$CATEGORIES" --per-category 1 --max-turns 1 --max-new-tokens 64 --out "$KIT/$name" \
       --no-progress "${plots[@]}" "${extra[@]}" 2>&1 | tee -a "$OUT/bench.log" || rc=$?

@@ -14,7 +14,8 @@ from opttree import DraftTree
 from opttree.loop import generation
 from opttree.bench import Generated, Method, load_questions, run_bench, select_questions
 from opttree.bench import cli, models as bench_models
-from opttree.bench.methods import StepRecorder, parse_tree_spec
+from opttree.bench import methods as bench_methods
+from opttree.bench.methods import StepRecorder, assisted_compiles, parse_tree_spec
 from opttree.bench.questions import messages_for, prompt_ids
 from opttree.bench.runner import first_difference
 
@@ -379,14 +380,15 @@ def test_the_compiled_methods_compile_in_the_warm_up_only_and_equal_plain(pair, 
     none while timed across prompts of different lengths, and the outputs equal plain's."""
     torch._dynamo.reset()
     target, draft = pair
+    assisted = ["assisted-compiled"] if assisted_compiles() else []  # refused on an older transformers (below)
     result = run_bench(target, draft, CharTokenizer(), QUESTIONS, max_new_tokens=8, warmup=1, progress=False,
-                       methods=["plain", "plain-compiled", "assisted-compiled", "opttree-compiled"],
+                       methods=["plain", "plain-compiled", *assisted, "opttree-compiled"],
                        tree={"nodes": 8, "threshold": 0.1, "max_depth": 4}, extra_trees=[{"nodes": 4, "compiled": 1}])
     assert result.ok and {r.verdict for r in result.records if r.method != "plain"} == {"equal"}
     assert len({r.prompt_tokens for r in result.records}) == 3  # three prompt lengths
     warm = result.header["warmup"]
     assert "opttree-compiled(nodes=4)" in result.methods
-    for name in ("plain-compiled", "assisted-compiled", "opttree-compiled", "opttree-compiled(nodes=4)"):
+    for name in ("plain-compiled", *assisted, "opttree-compiled", "opttree-compiled(nodes=4)"):
         assert warm[name]["graphs_compiled"] >= 1, name  # it did compile
         assert warm[name]["seconds"] > 0
         assert sum(r.graphs_compiled for r in result.records if r.method == name) == 0, name  # and never again
@@ -395,6 +397,22 @@ def test_the_compiled_methods_compile_in_the_warm_up_only_and_equal_plain(pair, 
     assert warm["plain"]["graphs_compiled"] == 0  # control: eager plain compiles nothing
     text = result.markdown()
     assert "`plain-compiled`: " in text and "graphs compiled), 0 graphs compiled while timed" in text
+
+
+@pytest.mark.parametrize("version, refused", [("5.23.0", True), ("5.24.0", False)])
+def test_assisted_compiled_is_refused_by_name_where_transformers_refuses_a_static_cache(pair, monkeypatch,
+                                                                                        version, refused):
+    """transformers before 5.24 raises inside assisted generation on a static cache: the bench refuses
+    the method up front, naming the version and the fix; a newer one builds it."""
+    import transformers
+
+    target, draft = pair
+    monkeypatch.setattr(transformers, "__version__", version)
+    if refused:
+        with pytest.raises(ValueError, match=r"'assisted-compiled' needs transformers >= 5\.24\.0.*drop it"):
+            bench_methods.make_methods(["assisted-compiled"], target, draft)
+    else:
+        assert [m.name for m in bench_methods.make_methods(["assisted-compiled"], target, draft)] == ["assisted-compiled"]
 
 
 def test_a_stand_in_target_spec_names_its_size():

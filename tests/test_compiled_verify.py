@@ -13,10 +13,21 @@ from transformers import CompileConfig
 
 from models import peaked, tiny_model
 from opttree import speculative_generate
+from opttree.hf.compat import GENERATE_CACHE_NAME
 from opttree.hf.compiled import VerifyForward
 from opttree.tree.sizes import VERIFY_SIZES
 
 PROMPT = torch.tensor([[5, 17, 33, 2, 41, 8, 19, 60, 11]])
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    """Each test compiles with a backend of its own, and dynamo counts every backend change as a
+    recompile of the same code (the tiny models' forward): past its recompile_limit (8 in a process
+    that ran other tests' compiles) it runs eagerly and calls no backend, and a test counting
+    graphs would count none. Each test starts with dynamo's caches empty."""
+    torch._dynamo.reset()
+    yield
 
 
 def sharp(family: str):
@@ -188,13 +199,14 @@ def test_with_no_cache_named_the_call_verifies_compiled_where_generate_would_com
                 compile_config=config, return_dict_in_generate=True)
     first = target.generate(PROMPT, custom_generate=speculative_generate, **args)
     assert compiles_seen == [True] and torch.equal(first.sequences, target.generate(PROMPT, max_new_tokens=12))
-    assert type(first.cache).__name__ == "StaticCache"
-    assert first.cache.layers[0].max_cache_len == cache_slots(PROMPT.shape[1] + 12 + 8)
+    cache = getattr(first, GENERATE_CACHE_NAME)  # .cache (.past_key_values before transformers renamed it)
+    assert type(cache).__name__ == "StaticCache"
+    assert cache.layers[0].max_cache_len == cache_slots(PROMPT.shape[1] + 12 + 8)
     compiled_sizes, graphs = set(recorder.rows), len(recorder.rows)
     longer = torch.cat([PROMPT, PROMPT[:, :5]], dim=1)  # 14 tokens: the same cache size
     out = target.generate(longer, custom_generate=speculative_generate, **args)
     assert torch.equal(out.sequences, target.generate(longer, max_new_tokens=12))
-    assert out.cache.layers[0].max_cache_len == first.cache.layers[0].max_cache_len
+    assert getattr(out, GENERATE_CACHE_NAME).layers[0].max_cache_len == cache.layers[0].max_cache_len
     assert not compiled_sizes & set(recorder.rows[graphs:]), recorder.rows  # no size compiled twice
     gen = SpeculativeGenerator(target, target, nodes=5, threshold=0.0)
     gen.generate(PROMPT, max_new_tokens=6, compile_config=config)
@@ -204,7 +216,7 @@ def test_with_no_cache_named_the_call_verifies_compiled_where_generate_would_com
 
     compiles_seen.clear()
     mine = DynamicCache(config=target.config)
-    target.generate(PROMPT, custom_generate=speculative_generate, **{**args, "cache": mine})
+    target.generate(PROMPT, custom_generate=speculative_generate, **{**args, GENERATE_CACHE_NAME: mine})
     target.generate(PROMPT, custom_generate=speculative_generate, **args, disable_compile=True)
     batch = torch.cat([PROMPT, PROMPT])
     target.generate(batch, attention_mask=torch.ones_like(batch), custom_generate=speculative_generate, **args)
@@ -235,7 +247,7 @@ def test_auto_calibrates_through_the_compiled_forward_and_decoding_reuses_its_gr
                           draft_model=target, compile_config=forced(recorder))
     assert torch.equal(out, target.generate(PROMPT, max_new_tokens=12))
     (kind, calibrated), = seen
-    assert kind == "compiled" and calibrated and set(calibrated) <= set(VERIFY_SIZES)
+    assert kind == "compiled" and calibrated and set(calibrated) <= set(VERIFY_SIZES), recorder.rows
     assert not set(calibrated) & set(recorder.rows[len(calibrated):])  # decoding compiled none of those again
     files = list(tmp_path.glob("*.json"))
     assert len(files) == 1 and '"forward": "compiled"' in files[0].read_text()

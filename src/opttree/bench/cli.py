@@ -157,6 +157,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m opttree.bench") -
     except (OSError, ValueError) as error:
         usage.error(str(error))
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    if "assisted-compiled" in methods and not bench_methods.assisted_compiles():
+        usage.error(f"--methods assisted-compiled needs transformers >= {bench_methods.ASSISTED_STATIC_FROM} (an "
+                    "older one's assisted generation refuses a static cache): upgrade transformers or drop it")
     needs_draft = ("assisted", "assisted-fast", "assisted-compiled", "opttree", "opttree-compiled")
     if args.draft is None and (set(needs_draft) & set(methods) or extra_trees):
         logger.warning("no --draft given: skipping assisted and opttree (pass a distilled draft folder, or "
