@@ -359,7 +359,7 @@ def test_the_bench_job_runs_end_to_end_on_the_cpu(tmp_path):
     size), every method of the job with compile forced on the CPU (dynamo's eager backend: the same
     graphs traced), 2 prompts of 4 tokens. Its files come back, its summary has every method, and
     every output equals plain."""
-    from opttree.bench.methods import assisted_compiles
+    from opttree.hf.compat import assisted_takes_static_cache
     from opttree.smollm2 import cache_dir, fetch_smollm2
 
     fetch_smollm2()
@@ -376,7 +376,7 @@ def test_the_bench_job_runs_end_to_end_on_the_cpu(tmp_path):
            "OPTTREE_BENCH_EXTRA": "--compile-backend eager --max-new-tokens 4 --categories writing,math --threads 1",
            "OPTTREE_CALIBRATION": "off"}
     methods = ["plain", "plain-compiled", "assisted", "assisted-compiled", "opttree"]
-    if not assisted_compiles():  # an older transformers' assisted generation refuses a static cache
+    if not assisted_takes_static_cache():  # an older transformers' assisted generation refuses a static cache
         methods.remove("assisted-compiled")
         env["OPTTREE_BENCH_METHODS"] = ",".join(methods)
     result = subprocess.run(["bash", str(ROOT / "scripts" / "device_job.sh"), "bench"], capture_output=True,

@@ -27,6 +27,7 @@ import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
 from ..drafters.make import is_draft_model
+from ..hf import compat
 from ..kernels.linears import fast_linears
 from ..integration.defaults import TREE_ARGS, TreeArguments, resolve
 from ..integration.entry import speculative_generate
@@ -37,15 +38,6 @@ HF_METHODS = ("plain", "assisted", "lookup")  # each also as "<name>-fast"
 FAST = "-fast"  # an HF method under opttree's linears' kernels
 COMPILED = "-compiled"  # over a static cache, compiled as generate() compiles plain decoding
 COMPILED_METHODS = ("plain", "assisted", "opttree")  # each also as "<name>-compiled"
-ASSISTED_STATIC_FROM = "5.24.0"  # before it, transformers' assisted generation refuses a static cache
-
-
-def assisted_compiles() -> bool:
-    """Whether this transformers' assisted generation runs on a static cache (``assisted-compiled``)."""
-    import transformers
-    from packaging.version import Version
-
-    return Version(transformers.__version__) >= Version(ASSISTED_STATIC_FROM)
 
 
 @dataclass
@@ -233,12 +225,9 @@ def make_methods(names, target, draft, *, tree: dict | None = None, extra_trees:
         kernel = name.endswith(FAST) and name.removesuffix(FAST) in HF_METHODS
         compiled = name.endswith(COMPILED) and name.removesuffix(COMPILED) in COMPILED_METHODS
         base = name.removesuffix(FAST) if kernel else name.removesuffix(COMPILED) if compiled else name
-        if compiled and base == "assisted" and not assisted_compiles():
-            import transformers
-
-            raise ValueError(f"method {name!r} needs transformers >= {ASSISTED_STATIC_FROM}: the assisted generation of "
-                             f"transformers {transformers.__version__} refuses a static cache; upgrade transformers "
-                             "or drop it from --methods")
+        if compiled and base == "assisted" and not compat.assisted_takes_static_cache():
+            raise ValueError(f"method {name!r} needs transformers >= {compat.ASSISTED_STATIC_FROM}: an older one's "
+                             "assisted generation refuses a static cache; upgrade transformers or drop it from --methods")
         extra = compiled_kwargs(target, max_cache_len) if compiled else {}
         if base == "plain":
             method = plain_method(target) if not compiled else _hf_method(

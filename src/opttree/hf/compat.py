@@ -6,7 +6,9 @@ models and reads generate()'s model kwargs only through this module, so it passe
 the installed transformers (and the model class: a remote-code model may keep the old name)
 declares, and no version check lives anywhere else.
 
-``Cache.crop`` takes a negative count since 5.23 (``kv_cache`` only ever passes one).
+``Cache.crop`` takes a negative count since 5.23 (``kv_cache`` only ever passes one). HF assisted
+generation runs on a static cache from 5.24 (before, it raises): the one thing read from the version
+(:func:`assisted_takes_static_cache`; the bench's ``assisted-compiled``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,15 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput, GenerationM
 
 OLD_CACHE_NAME = "past_key_values"
 NEW_CACHE_NAME = "cache"
+ASSISTED_STATIC_FROM = "5.24.0"  # the first transformers whose assisted generation takes a static cache
+
+
+def assisted_takes_static_cache() -> bool:
+    """Whether this transformers' assisted generation runs on a static cache."""
+    from packaging.version import Version
+
+    return Version(transformers.__version__) >= Version(ASSISTED_STATIC_FROM)
+
 
 #: generate()'s name for the cache in its model kwargs and in its output dataclasses.
 GENERATE_CACHE_NAME = (
