@@ -3,7 +3,7 @@
 Two views, both printed as markdown tables with the machine's name:
 
 * forwards (default): one verification forward of the target over each padded size (the root and a
-  tree, ``opttree.budget.calibration.measure_verify``) with every kernel fixed in turn
+  tree, ``opttree.budget.timing.measure_verify``) with every kernel fixed in turn
   (``OPTTREE_LINEAR=stock``, ``weight_major``, ``onednn``, ``onednn_pad``) and with ``auto``, timed after a first
   pass that lets it choose (its choices are summarised below the table);
 * ``--products``: each distinct linear shape of the target alone, per row count, for every kernel
@@ -30,7 +30,7 @@ from collections import Counter
 
 import torch
 
-from opttree.budget import calibration
+from opttree.budget import timing
 from opttree.kernels import linears
 from opttree.loading.machine import bf16_flags, cpu_model
 
@@ -43,8 +43,8 @@ def verify_ms(target, sizes: list[int], prefix: int, repeats: int, mode: str) ->
     linears.forget_decisions()
     with linears.fast_linears(target):
         if mode == "auto":  # let it try every kernel for every shape first
-            calibration.measure_verify(target, sizes, prefix, repeats=len(linears.KERNELS) * linears.TRIALS)
-        seconds = calibration.measure_verify(target, sizes, prefix, repeats=repeats)
+            timing.measure_verify(target, sizes, prefix, repeats=len(linears.KERNELS) * linears.TRIALS)
+        seconds = timing.measure_verify(target, sizes, prefix, repeats=repeats)
     return [1000 * s for s in seconds]
 
 

@@ -67,7 +67,7 @@ def stream_ms(model, rounds: int = 7) -> tuple[float, int]:
 
 def eager_ms(model, rows: list[int], repeats: int, kernels: bool) -> list[float]:
     """Median ms of a verification forward of each size in ``rows`` (the sizes take turns)."""
-    from opttree.budget import calibration
+    from opttree.budget import timing
     from opttree.kernels import linears
 
     nodes = [r - 1 for r in rows]
@@ -75,8 +75,8 @@ def eager_ms(model, rows: list[int], repeats: int, kernels: bool) -> list[float]
     linears.forget_decisions()
     with linears.fast_linears(model, on=kernels):
         if kernels:  # let auto choose each shape's kernel first
-            calibration.measure_verify(model, nodes, PREFIX, repeats=len(linears.KERNELS) * linears.TRIALS)
-        return [1e3 * s for s in calibration.measure_verify(model, nodes, PREFIX, repeats=repeats)]
+            timing.measure_verify(model, nodes, PREFIX, repeats=len(linears.KERNELS) * linears.TRIALS)
+        return [1e3 * s for s in timing.measure_verify(model, nodes, PREFIX, repeats=repeats)]
 
 
 def linears_ms(model, rows: list[int], repeats: int) -> list[float]:

@@ -9,7 +9,7 @@ import torch
 
 from models import peaked, tiny_model
 from opttree import TreeConfig, speculative_generate
-from opttree.budget import calibration
+from opttree.budget import calibration, timing
 from opttree.budget import latency as latency_module
 from opttree.budget.latency import (AutoPolicy, LatencyModel, LatencyTable, best_choice, best_size, expected_speed,
                                     layer_pays, layer_width, next_layer_guess)
@@ -62,7 +62,7 @@ def test_every_budget_name_has_one_home():
     from opttree.tree import plan
 
     for name in BUDGET_NAMES:
-        homes = [m for m in (plan, latency_module, calibration) if name in m.__all__]
+        homes = [m for m in (plan, latency_module, calibration, timing) if name in m.__all__]
         assert len(homes) == 1, name  # offered by exactly one module
         assert getattr(getattr(homes[0], name), "__module__", homes[0].__name__) == homes[0].__name__  # defined there
     assert sorted(plan.__all__) == ["BudgetPolicy", "FixedPolicy", "LayerState", "StepPlan"]
@@ -73,9 +73,10 @@ def test_the_budget_names_node_counts_apart_from_rows():
     two units, two names, and the budget exports only its own."""
     from opttree.tree.sizes import VERIFY_SIZES
 
-    assert "VERIFY_SIZES" not in calibration.__all__ and not hasattr(calibration, "SIZES")
-    assert all(n + 1 in VERIFY_SIZES for n in calibration.VERIFY_NODES)  # each fills a verification size
-    assert calibration.VERIFY_NODES[0] == 0 and calibration.VERIFY_NODES[-1] == calibration.AUTO_MAX_NODES
+    for module in (calibration, timing):
+        assert "VERIFY_SIZES" not in module.__all__ and not hasattr(module, "SIZES")
+    assert all(n + 1 in VERIFY_SIZES for n in timing.VERIFY_NODES)  # each fills a verification size
+    assert timing.VERIFY_NODES[0] == 0 and timing.VERIFY_NODES[-1] == latency_module.AUTO_MAX_NODES
 
 
 def test_the_plan_seam_imports_nothing_heavy():
@@ -145,8 +146,8 @@ def test_latency_table_interpolates_and_extrapolates():
 
 def test_noisy_calibrations_become_a_non_decreasing_table():
     noisy = (0.5, 1.7, 1.7, 1.5, 2.7, 2.2, 8.5, 4.3)  # measured on a busy machine
-    assert calibration.lower_envelope(noisy) == (0.5, 1.5, 1.5, 1.5, 2.2, 2.2, 4.3, 4.3)
-    assert calibration.lower_envelope(CPU_LIKE) == (0.060, 0.065, 0.070, 0.110, 0.145, 0.210, 0.230, 0.230)
+    assert timing.lower_envelope(noisy) == (0.5, 1.5, 1.5, 1.5, 2.2, 2.2, 4.3, 4.3)
+    assert timing.lower_envelope(CPU_LIKE) == (0.060, 0.065, 0.070, 0.110, 0.145, 0.210, 0.230, 0.230)
 
 
 def brute_force_size(probs, table, draft_seconds):
@@ -445,7 +446,7 @@ def test_drafters_are_timed_through_their_protocol():
     draft = tiny_model("llama", seed=1, layers=1)
     head, _ = new_head(tiny_model("llama", seed=0), init_layer=0)
     for drafter in (ModelDrafter(draft), PromptLookupDrafter(vocab_size=96), FeatureHeadDrafter(head)):
-        root, layers = calibration.measure_drafter(drafter, 96, torch.device("cpu"), repeats=1, hidden_size=32)
+        root, layers = timing.measure_drafter(drafter, 96, torch.device("cpu"), repeats=1, hidden_size=32)
         assert root >= 0 and len(layers) == len(calibration.DRAFT_WIDTHS) and all(t >= 0 for t in layers)
     assert ModelDrafter(draft).forwards == 0
 
@@ -713,12 +714,12 @@ class FakeRig:
 ])
 def test_calibration_times_the_sizes_its_budget_allows_and_fits_the_rest(kind, a, b, timed, monkeypatch):
     calls = []
-    monkeypatch.setattr(calibration, "VerifyRig", FakeRig(a, b, calls))
-    table = calibration.measure_verify_budgeted(None)
+    monkeypatch.setattr(timing, "VerifyRig", FakeRig(a, b, calls))
+    table = timing.measure_verify_budgeted(None)
     assert table.sizes == timed
     assert table.seconds == tuple(a + b * (n + 1) for n in timed)
     spent = sum(a + b * (n + 1) for n in calls)
-    budget = max(calibration.BUDGET_FORWARDS * (a + b), calibration.BUDGET_SECONDS)
+    budget = max(timing.BUDGET_FORWARDS * (a + b), timing.BUDGET_SECONDS)
     one_round = sum(a + b * (n + 1) for n in timed)  # the round after the pass, always run
     assert spent <= budget + 2 * (a + b * 16) + one_round  # the first two sizes are always timed, warm-ups included
     assert calls[:4] == [0, 0, 15, 15]  # each size warmed, then timed; the ends first
@@ -764,7 +765,7 @@ def test_calibration_times_a_sliding_window_model_past_its_window_as_decoding_ru
         return real(*args, **kwargs)
 
     monkeypatch.setattr(masks, "tree_forward_inputs", spy)
-    times = calibration.measure_verify(target, sizes=(1, 7), prefix=calibration.CALIBRATION_PREFIX, repeats=1)
+    times = timing.measure_verify(target, sizes=(1, 7), prefix=calibration.CALIBRATION_PREFIX, repeats=1)
     assert len(times) == 2 and all(t > 0 for t in times)
     assert seen and all(layout is not None and layout.windowed for layout in seen)
 
@@ -779,7 +780,7 @@ def test_a_size_is_warmed_until_its_forwards_stop_getting_faster():
         def run(self, n):
             return self.seconds.pop(0)
 
-    assert calibration.warm_then_time(Rig([7.0, 0.9, 0.35, 0.34]), 15) == (0.34, 4)
-    assert calibration.warm_then_time(Rig([7.0, 0.9, 0.85]), 15) == (0.85, 3)
-    assert calibration.warm_then_time(Rig([0.3, 0.29, 9.0]), 0) == (0.29, 2)  # steady at once: one warm-up
-    assert calibration.warm_then_time(Rig([8.0, 4.0, 2.0, 1.0, 0.5]), 63) == (1.0, 4)  # at most four
+    assert timing.warm_then_time(Rig([7.0, 0.9, 0.35, 0.34]), 15) == (0.34, 4)
+    assert timing.warm_then_time(Rig([7.0, 0.9, 0.85]), 15) == (0.85, 3)
+    assert timing.warm_then_time(Rig([0.3, 0.29, 9.0]), 0) == (0.29, 2)  # steady at once: one warm-up
+    assert timing.warm_then_time(Rig([8.0, 4.0, 2.0, 1.0, 0.5]), 63) == (1.0, 4)  # at most four

@@ -8,7 +8,8 @@ the measured policy:
 * :mod:`.latency`: the :class:`~.latency.LatencyModel` (T(n), c(w)), the pure decisions on it and
   :class:`~.latency.AutoPolicy`;
 * :mod:`.reliability`: how far the draft's p̂ is to be trusted, learnt online;
-* :mod:`.calibration`: timing the pair on this machine, the on-disk cache, and
+* :mod:`.timing`: timing the pair on this machine, as decoding runs it;
+* :mod:`.calibration`: those times kept per pair (in the process and on disk), and
   :func:`~.calibration.policy_maker`, the entry the generate() face calls;
 * :mod:`.calibration_file`: what a cache file must hold before any of it is used.
 

@@ -23,7 +23,6 @@ import json
 import logging
 import os
 import threading
-import time
 from pathlib import Path
 from typing import Callable
 
@@ -31,33 +30,17 @@ import torch
 
 from ..drafters.base import Drafter
 from ..kernels import linears
-from ..hf.compat import with_cache
 from ..hf.inflated import carried_width
 from ..tree.config import TreeConfig
-from ..tree.draft_tree import DraftTree
-from ..tree.layout import MaskLayout
-from ..tree.masks import verification_inputs
 from ..tree.plan import BudgetPolicy, FixedPolicy
 from .calibration_file import parse_document, parse_latency, read_keyed_file
-from ..tree.sizes import VERIFY_SIZES, padded_size
-from .latency import AUTO_MAX_NODES, AutoPolicy, LatencyModel, LatencyTable, complete_table
+from .latency import AutoPolicy, LatencyModel, LatencyTable, complete_table
+from .timing import (BUDGET_FORWARDS, BUDGET_SECONDS, CALIBRATION_PREFIX, DRAFTER_REPEATS, DRAFT_WIDTHS, TIMING_ORDER,
+                     VERIFY_NODES, lower_envelope, measure_drafter, measure_verify_budgeted)
 
 logger = logging.getLogger(__name__)
 
-# tree sizes timed at calibration, in nodes: the node counts that fill each verification size (rows,
-# tree.sizes.VERIFY_SIZES: the root and n nodes), up to AUTO_MAX_NODES; T is a step between them
-VERIFY_NODES = tuple(rows - 1 for rows in VERIFY_SIZES if rows - 1 <= AUTO_MAX_NODES)
-DRAFT_WIDTHS = (1, 2, 4, 8, 16, 32)  # layer widths timed at calibration
-CALIBRATION_PREFIX = 32  # committed tokens under the timed forwards (a longer context's cost is learnt online)
 MIN_CALIBRATION_PREFIX = 16  # a shorter context cannot be calibrated: "auto" is refused
-REPEATS = 5  # timed rounds per size (after one warm-up round); sizes interleaved within a round
-# The sizes calibration times, in this order, while its budget lasts (the first two always): the
-# ends of the range that matters first; the others are fitted between them (latency.complete_table)
-# and replaced by what the steps measure once a step verifies at them (LatencyModel.observe).
-TIMING_ORDER = (0, 15, 63, 3, 31, 7, 1)
-BUDGET_FORWARDS = 6.0  # the verification timing's budget, in forwards of one row (warm-ups included) ...
-BUDGET_SECONDS = 0.5  # ... or this many seconds, whichever is more (a GPU times every size in well under it)
-DRAFTER_REPEATS = 3  # timed rounds of the drafter's protocol
 CALIBRATION_VERSION = 8  # bump when what is measured changes: old files are then ignored (8: a few sizes timed, warmed)
 
 _PAIRS: dict[str, LatencyModel] = {}  # key digest -> the process's (refreshed) model of that pair
@@ -210,184 +193,6 @@ def _remove(path: Path) -> None:
         pass
 
 
-def _sync(device) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _median(xs) -> float:
-    xs = sorted(xs)
-    return xs[len(xs) // 2]
-
-
-class VerifyRig:
-    """A target prefilled with ``prefix`` made-up tokens, ready to time verification forwards as
-    decoding runs them: ``run(n)`` is one forward over the root and ``n`` tree nodes (children of the
-    root, padded to their verification size; a sliding-window or chunked layer holding its window,
-    masked per layer type), the cache cropped back after it; its seconds."""
-
-    def __init__(self, target, prefix: int, forward=None, hidden: bool = False):
-        from transformers import StaticCache
-
-        from ..hf import kv_cache
-        from ..hf.compiled import MIN_SLOTS
-
-        self.target, self.prefix, self.kv_cache = target, prefix, kv_cache
-        self.forward, self.hidden = (forward if forward is not None and forward.compiles else None), hidden
-        self.device, self.vocab = target.device, int(target.get_input_embeddings().weight.shape[0])
-        self.layout = MaskLayout.of(target.config)
-        self.inputs: dict[int, dict] = {}
-        self.kv_len = None if self.forward is None else MIN_SLOTS  # a compiled forward runs on a static cache
-        with torch.inference_mode():
-            if self.forward is None:
-                self.cache = kv_cache.new_cache(target)
-            else:  # the size of a short call's: the graphs it compiles are decoding's too
-                self.cache = StaticCache(config=target.config, max_cache_len=MIN_SLOTS)
-            ids = (torch.arange(prefix, dtype=torch.long) * 7 % self.vocab)[None, :].to(self.device)
-            target(input_ids=ids, **with_cache(target, self.cache), use_cache=True, logits_to_keep=1)
-            kv_cache.keep_slots(self.cache, prefix, [])  # a sliding window's layers keep the window, as after a step
-        self.dropped = kv_cache.window_offsets(self.cache)
-
-    def _inputs(self, n: int) -> dict:
-        if n not in self.inputs:
-            device = self.device
-            tree = DraftTree((torch.arange(n, dtype=torch.long) % self.vocab).to(device),
-                             torch.full((n,), -1, dtype=torch.long, device=device), torch.ones(n, device=device))
-            self.inputs[n] = verification_inputs(1, tree, self.prefix, self.target.dtype, size=padded_size(n + 1),
-                                                 kv_len=self.kv_len, layout=self.layout,
-                                                 dropped=self.dropped).as_kwargs()
-        return self.inputs[n]
-
-    def run(self, n: int) -> float:
-        inputs = self._inputs(n)
-        kwargs = dict(inputs, **with_cache(self.target, self.cache), use_cache=True, logits_to_keep=0,
-                      output_hidden_states=self.hidden)  # as the decoding loop calls it (hence its graphs)
-        with torch.inference_mode():
-            start = time.perf_counter()
-            if self.forward is None:
-                self.target(**kwargs)
-            else:
-                self.forward(self.cache, padded_size(n + 1), **kwargs)
-            _sync(self.device)
-            seconds = time.perf_counter() - start
-            self.kv_cache.keep_slots(self.cache, self.prefix, [])
-        return seconds
-
-
-def measure_verify(target, sizes=VERIFY_NODES, prefix: int = CALIBRATION_PREFIX,
-                   repeats: int = REPEATS) -> tuple[float, ...]:
-    """T(n) for each n in ``sizes``: one target forward over a root and n tree nodes (children of
-    the root) on a ``prefix``-token cache, cropped back after each, as decoding runs it (a sliding-window
-    or chunked layer holding its window, masked per layer type). The sizes take turns within each
-    round, so a burst of load hits them alike; the first round warms up; medians."""
-    rig = VerifyRig(target, prefix)
-    times: dict[int, list[float]] = {n: [] for n in sizes}
-    for round_ in range(repeats + 1):
-        for n in sizes:
-            seconds = rig.run(n)
-            if round_ > 0:
-                times[n].append(seconds)
-    return tuple(_median(times[n]) for n in sizes)
-
-
-def warm_then_time(rig: "VerifyRig", n: int, most: int = 4) -> tuple[float, int]:
-    """(seconds of a timed forward of ``n`` nodes, forwards run): forwards are run until one is no
-    faster than 0.8 × the one before (the first forwards of a size choose its CPU kernels and pack
-    their weights, or compile its graph), at most ``most``; the last is the timed one."""
-    runs = [rig.run(n), rig.run(n)]
-    while len(runs) < most and runs[-1] < 0.8 * runs[-2]:
-        runs.append(rig.run(n))
-    return runs[-1], len(runs)
-
-
-def measure_verify_budgeted(target, prefix: int = CALIBRATION_PREFIX, order=TIMING_ORDER,
-                            forwards: float = BUDGET_FORWARDS, seconds: float = BUDGET_SECONDS, forward=None,
-                            hidden: bool = False) -> LatencyTable:
-    """T(n) at as many sizes of ``order`` as a budget allows: each size warmed (:func:`warm_then_time`)
-    then timed, in ``order``, the first two always, a next one only where the time spent so far plus
-    its predicted cost stays within max(``forwards`` × T(the first), ``seconds``); then more timed rounds
-    of the timed sizes while the budget lasts, and one whatever the budget where a size needed more than
-    one warm-up (the first of a process: a size timed early may have paid for a later one's packing); at
-    most REPEATS rounds in all, the fastest of each size kept. Time is counted in
-    steady forwards (a warm-up at its size's timed cost): what a size's first forwards pay once (a
-    kernel's trials and packed weights, a compile) decoding would pay at its first step there too.
-    ``forward``, ``hidden``: as :class:`VerifyRig`. -> the table of the sizes timed."""
-    rig = VerifyRig(target, prefix, forward, hidden)
-    times: dict[int, list[float]] = {}
-    spent, budget, warming = 0.0, None, False
-    for n in order:
-        if len(times) >= 2:
-            fit = LatencyTable(tuple(sorted(times)), tuple(times[k][0] for k in sorted(times)))
-            if spent + 2 * fit.at(n) > budget:
-                break
-        timed, runs = warm_then_time(rig, n)
-        warming = warming or runs > 2  # a size needed more than one warm-up: the process was still preparing
-        spent += runs * timed
-        times[n] = [timed]
-        budget = budget if budget is not None else max(forwards * timed, seconds)
-    for round_ in range(REPEATS - 1):  # where the pass was still preparing (packing weights in its forwards),
-        round_cost = sum(min(t) for t in times.values())  # a size timed early may have paid for a later one:
-        if (round_ > 0 or not warming) and spent + round_cost > budget:  # one more round, whatever the budget
-            break
-        for n in times:
-            times[n].append(rig.run(n))
-        spent += round_cost
-    sizes = tuple(sorted(times))
-    return LatencyTable(sizes, tuple(min(times[n]) for n in sizes))  # load only ever adds time
-
-
-def measure_drafter(drafter, vocab: int, device, widths=DRAFT_WIDTHS, prefix: int = CALIBRATION_PREFIX,
-                    repeats: int = DRAFTER_REPEATS, hidden_size: int | None = None) -> tuple[float, tuple[float, ...]]:
-    """Time a (scratch) drafter through its protocol: (root_probs seconds, expand seconds per width).
-
-    Each round commits one more token (``root_probs``: the catch-up of a step), expands ``w``
-    children of the root in ONE call, and commits none of them, exactly as a step that accepts
-    nothing. A drafter that ``wants_hidden_states`` is handed zero features [n, hidden_size] where
-    the decoding loop would hand the target's. The first round warms up; medians of the rest."""
-    sequence = (torch.arange(prefix, dtype=torch.long) * 7 % vocab).to(device)
-    roots: list[float] = []
-    layers: dict[int, list[float]] = {w: [] for w in widths}
-
-    def features(n: int) -> None:  # as the loop does: the prompt's but the root's, then 1 + accepted per step
-        if drafter.wants_hidden_states:
-            drafter.add_features(torch.zeros(n, hidden_size, device=device))
-
-    with torch.inference_mode():
-        features(prefix - 1)
-        drafter.root_probs(sequence)  # the prefill
-        for round_ in range(repeats + 1):
-            for w in widths:
-                token = torch.tensor([(len(sequence) * 5 + 1) % vocab], dtype=torch.long, device=device)
-                sequence = torch.cat([sequence, token])
-                features(1)
-                start = time.perf_counter()
-                q = drafter.root_probs(sequence)
-                _sync(q.device)
-                root_end = time.perf_counter()
-                top = torch.topk(q.float(), min(w, q.shape[-1])).indices.to(device)
-                pool = DraftTree(top, torch.full_like(top, -1), torch.ones(len(top), device=device))
-                frontier = torch.arange(len(top), device=device)
-                expand_start = time.perf_counter()
-                out = drafter.expand_probs(pool, frontier)  # what decoding calls
-                _sync(out.device)
-                end = time.perf_counter()
-                drafter.commit([])
-                if round_ > 0:
-                    roots.append(root_end - start)
-                    layers[w].append(end - expand_start)
-    return _median(roots), tuple(_median(layers[w]) for w in widths)
-
-
-def lower_envelope(times) -> tuple[float, ...]:
-    """T(n) := min over m >= n of the measured T(m): non-decreasing in n, and robust to spikes
-    (a busy machine only ever adds time to a measurement)."""
-    out, low = [], float("inf")
-    for t in reversed(list(times)):
-        low = min(low, t)
-        out.append(low)
-    return tuple(reversed(out))
-
-
 def measure(target, new_drafter: Callable[[], object] | None, prefix: int = CALIBRATION_PREFIX,
             forward=None, hidden: bool = False) -> LatencyModel:
     """A fresh LatencyModel: T(n) on the target, through ``forward`` (the verification forward decoding
@@ -484,8 +289,7 @@ def make_policy(config: TreeConfig, target, drafter=None, new_drafter: Callable[
     return policy_maker(config, target, drafter, new_drafter)()
 
 
-__all__ = ["CALIBRATION_PREFIX", "CALIBRATION_VERSION", "DRAFT_WIDTHS", "MIN_CALIBRATION_PREFIX", "REPEATS",
-           "VERIFY_NODES", "cache_dir", "cache_mode", "calibrate", "calibration_key", "calibration_prefix",
-           "clear_calibrations", "drafter_fingerprint", "forward_kind", "from_json", "known_latency", "lower_envelope", "make_policy", "policy_maker",
-           "measure", "measure_drafter", "measure_verify", "measure_verify_budgeted", "model_fingerprint",
-           "read_cached", "to_json", "VerifyRig", "warm_then_time", "with_fitted_sizes", "write_cached"]
+__all__ = ["CALIBRATION_VERSION", "MIN_CALIBRATION_PREFIX", "cache_dir", "cache_mode", "calibrate", "calibration_key",
+           "calibration_prefix", "clear_calibrations", "drafter_fingerprint", "forward_kind", "from_json",
+           "known_latency", "make_policy", "measure", "model_fingerprint", "policy_maker", "read_cached", "to_json",
+           "with_fitted_sizes", "write_cached"]
