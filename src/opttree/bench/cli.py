@@ -13,7 +13,6 @@ from pathlib import Path
 import torch
 
 from ..drafters.make import is_draft_model
-from ..hf import compat
 from ..tree.config import STRATEGIES, VERIFIERS
 from .methods import COMPILED, COMPILED_METHODS, FAST, HF_METHODS, METHODS, parse_tree_spec
 from .questions import CATEGORIES, QUICK_QUESTIONS, SPEC_BENCH_URL, TASKS, load_questions, select_questions
@@ -158,9 +157,10 @@ def main(argv: list[str] | None = None, prog: str = "python -m opttree.bench") -
     except (OSError, ValueError) as error:
         usage.error(str(error))
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    if "assisted-compiled" in methods and not compat.assisted_takes_static_cache():
-        usage.error(f"--methods assisted-compiled needs transformers >= {compat.ASSISTED_STATIC_FROM} (an "
-                    "older one's assisted generation refuses a static cache): upgrade transformers or drop it")
+    try:
+        bench_methods.refuse_unsupported(methods)  # before any model loads
+    except ValueError as error:
+        usage.error(str(error))
     needs_draft = ("assisted", "assisted-fast", "assisted-compiled", "opttree", "opttree-compiled")
     if args.draft is None and (set(needs_draft) & set(methods) or extra_trees):
         logger.warning("no --draft given: skipping assisted and opttree (pass a distilled draft folder, or "

@@ -205,6 +205,14 @@ def parse_tree_spec(spec: str) -> dict:
     return out
 
 
+def refuse_unsupported(names) -> None:
+    """ValueError naming a method of ``names`` this transformers cannot run, and the fix: ``assisted-compiled``
+    where its assisted generation refuses a static cache (before 5.24)."""
+    if "assisted" + COMPILED in names and not compat.assisted_takes_static_cache():
+        raise ValueError(f"method 'assisted{COMPILED}' needs transformers >= {compat.ASSISTED_STATIC_FROM}: an older "
+                         "one's assisted generation refuses a static cache; upgrade transformers or drop it from --methods")
+
+
 def make_methods(names, target, draft, *, tree: dict | None = None, extra_trees: list[dict] | None = None,
                  prompt_lookup_num_tokens: int = 10, num_assistant_tokens: int | None = None,
                  assistant_schedule: str | None = None, assistant=None, max_cache_len: int = 2048) -> list[Method]:
@@ -215,6 +223,7 @@ def make_methods(names, target, draft, *, tree: dict | None = None, extra_trees:
     ``assistant``: the HF model for ``assisted`` (default: ``draft``, when it is an HF model; an
     EAGLE-style feature head is not one)."""
     tree = dict(tree or {})
+    refuse_unsupported([name for name in names if isinstance(name, str)])
     if assistant is None and is_draft_model(draft):
         assistant = draft
     methods: list[Method] = []
@@ -225,9 +234,6 @@ def make_methods(names, target, draft, *, tree: dict | None = None, extra_trees:
         kernel = name.endswith(FAST) and name.removesuffix(FAST) in HF_METHODS
         compiled = name.endswith(COMPILED) and name.removesuffix(COMPILED) in COMPILED_METHODS
         base = name.removesuffix(FAST) if kernel else name.removesuffix(COMPILED) if compiled else name
-        if compiled and base == "assisted" and not compat.assisted_takes_static_cache():
-            raise ValueError(f"method {name!r} needs transformers >= {compat.ASSISTED_STATIC_FROM}: an older one's "
-                             "assisted generation refuses a static cache; upgrade transformers or drop it from --methods")
         extra = compiled_kwargs(target, max_cache_len) if compiled else {}
         if base == "plain":
             method = plain_method(target) if not compiled else _hf_method(
