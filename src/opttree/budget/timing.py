@@ -88,7 +88,7 @@ class VerifyRig:
             if self.forward is None:
                 self.target(**kwargs)
             else:
-                self.forward(self.cache, padded_size(n + 1), **kwargs)
+                self.forward(self.cache, padded_size(n + 1), self.prefix, **kwargs)
             _sync(self.device)
             seconds = time.perf_counter() - start
             self.kv_cache.keep_slots(self.cache, self.prefix, [])

@@ -109,6 +109,14 @@ class Drafter(ABC):
         few-row CPU linears the kernels the target's get (``kernels.linears``). Default: none."""
         return []
 
+    def compiled(self, compile_config, room: int) -> "Drafter":
+        """This drafter with its forwards compiled as generate() compiles the target's decoding forward
+        (``compile_config``: a ``transformers.CompileConfig``), for a call whose sequences reach at most
+        ``room`` tokens. Called once per call, after :meth:`bind`, where opttree verifies through the
+        compiled forward (a GPU by default). Default: ``self``, eager (a model drafter's forwards stay
+        eager; a feature head drafts on fixed shapes, :mod:`opttree.drafters.head_graph`)."""
+        return self
+
     def fresh(self) -> "Drafter":
         """A drafter like this one with none of its per-call state, for another batch row.
         Default: a deep copy (taken before the first step, when there is no state yet); a drafter

@@ -25,19 +25,14 @@ target's features.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Callable
 
 import torch
 from torch import nn
 
 from ..hf.inflated import carried_width, text_config
 from ..kernels import linears
-from ..tree.draft_probs import DraftProbs
-from ..tree.draft_tree import DraftTree
-from ..tree.masks import additive_mask
-from .base import Drafter, ToProbs
+from .head_drafter import FeatureHeadDrafter  # noqa: F401 (re-exported)
 from .head_layer import KV, HeadLayer, RMSNorm, apply_rotary, attend, rotary  # noqa: F401 (re-exported)
-from .model import on
 
 
 @dataclass(frozen=True)
@@ -130,17 +125,25 @@ class FeatureHead(nn.Module):
                 past: KV | None, mask: torch.Tensor) -> tuple[torch.Tensor, KV]:
         """features [b, q, H] (f_{j-1}), tokens [b, q] (t_j), positions [b, q], mask
         [b, 1, q, s + q] -> (predicted features g_j [b, q, H], the new entries' KV)."""
-        dtype = self.fc.weight.dtype  # the head may run in another dtype than the target (e.g. bf16)
-        embedded = self.embed[0](tokens.to(self.embed[0].weight.device)).to(self.device, dtype)
-        x = self.fc(torch.cat([embedded, features.to(self.device, dtype)], dim=-1))
+        x = self.entry(features, tokens)
         if not len(self.more_layers):
             x, new = self.layer(x, positions, past, mask)
             return self.norm(x), new
         news, kv_heads = [], self.c.num_kv_heads
-        for i, layer in enumerate([self.layer, *self.more_layers]):
+        for i, layer in enumerate(self.layers()):
             x, new = layer(x, positions, None if past is None else past.layer(i, kv_heads), mask)
             news.append(new)
         return self.norm(x), KV.stack(news)
+
+    def entry(self, features: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """features [..., H] (f_{j-1}), tokens [...] (t_j) -> the first layer's input x_j [..., H]."""
+        dtype = self.fc.weight.dtype  # the head may run in another dtype than the target (e.g. bf16)
+        embedded = self.embed[0](tokens.to(self.embed[0].weight.device)).to(self.device, dtype)
+        return self.fc(torch.cat([embedded, features.to(self.device, dtype)], dim=-1))
+
+    def layers(self) -> list[HeadLayer]:
+        """The head's decoder layers, first to last."""
+        return [self.layer, *self.more_layers]
 
     def fuse(self, features: torch.Tensor) -> torch.Tensor:
         """The target's features [..., len(feature_layers) * H] (its ``feature_layers`` hidden
@@ -203,7 +206,12 @@ class FeatureHead(nn.Module):
 
     def full_logits(self, predicted: torch.Tensor) -> torch.Tensor:
         """[..., H] -> [..., V] float32; tokens outside the kept set get finfo.min."""
-        small = self.reduced_logits(predicted).float()
+        return self.spread(self.reduced_logits(predicted))
+
+    def spread(self, small: torch.Tensor) -> torch.Tensor:
+        """Logits over the kept tokens [..., K] -> over the vocabulary [..., V] float32 (finfo.min
+        for the tokens outside the kept set)."""
+        small = small.float()
         full = small.new_full((*small.shape[:-1], self.c.vocab_size), torch.finfo(torch.float32).min)
         return full.index_copy_(-1, self.token_ids, small)
 
@@ -225,119 +233,3 @@ class FeatureHead(nn.Module):
                 f"{config.vocab_size}; load the head with opttree.load_draft(path, target) "
                 "for the target it was trained on, or train one with `opttree distill --kind head`"
             )
-
-
-def causal_visible(q: int, s: int, device) -> torch.Tensor:
-    """[q, s + q] bool: q new entries see the s cached ones and the new ones up to themselves."""
-    visible = torch.ones(q, s + q, dtype=torch.bool, device=device)
-    visible[:, s:] = torch.ones(q, q, dtype=torch.bool, device=device).tril()
-    return visible
-
-
-class FeatureHeadDrafter(Drafter):
-    """Drafts trees with a :class:`FeatureHead`; one instance per generate() call and batch row."""
-
-    wants_hidden_states = True  # the generation loop calls add_features with the target's features
-    context_length = None  # RoPE: no limit of its own
-
-    def __init__(self, head: FeatureHead, to_probs: ToProbs | None = None):
-        self.head = head
-        self.to_probs = to_probs  # full logits [k, V] -> probabilities; None: softmax (fast path)
-        self.kv: KV | None = None  # entries 0..cached-1, all with true target features
-        self.pending = torch.zeros(1, head.c.hidden_size, device=head.device)  # f_{cached-1}, f_{cached}, ...
-        self.past: KV | None = None  # self.kv followed by this step's tree entries, in feeding order
-        self.fed = torch.empty(0, dtype=torch.long, device=head.device)  # [f] pool id of each tree entry
-        self.predicted = torch.zeros(1, head.c.hidden_size, device=head.device)  # [1 + m, H]: g of the root (row 0) and of pool node p (row 1 + p, once fed)
-        self.root_position = 0
-        self.forwards = 0
-
-    def bind(self, target, to_probs: ToProbs | None) -> "FeatureHeadDrafter":
-        """A fresh drafter on the same head, checked to fit ``target``; sampling: ``to_probs``
-        turns the head's full logits into its q."""
-        self.head.check_fits(target)
-        return FeatureHeadDrafter(self.head, to_probs or self.to_probs)
-
-    def fresh(self) -> "FeatureHeadDrafter":
-        return FeatureHeadDrafter(self.head, self.to_probs)
-
-    def modules(self) -> list[torch.nn.Module]:
-        return [self.head]
-
-    @property
-    def cached(self) -> int:
-        return 0 if self.kv is None else len(self.kv)
-
-    def features_from(self, hidden_states: tuple) -> torch.Tensor:
-        """The target's ``output_hidden_states`` (each [1, T, H]) -> what :meth:`add_features` takes,
-        [T, H]: the head's ``feature_layers`` fused (the last hidden state itself for a plain head)."""
-        with torch.inference_mode():
-            return self.head.target_features(hidden_states)[0]
-
-    def add_features(self, features: torch.Tensor) -> None:
-        """The target's features [m, H] of the next m committed positions."""
-        self.pending = torch.cat([self.pending, features.to(self.pending.device, self.pending.dtype)])
-
-    def _run(self, features, tokens, positions, visible) -> tuple[torch.Tensor, KV]:
-        """Feed q entries ([q, H], [q], [q]) seeing ``visible`` [q, s + q] of cache + tree + them."""
-        with torch.inference_mode():
-            past = self.past
-            predicted, new = self.head(features[None], tokens[None], positions[None], past, additive_mask(visible, torch.float32))
-        self.forwards += 1
-        return predicted[0], new  # [q, H], the new entries
-
-    def root_probs(self, sequence: torch.Tensor) -> torch.Tensor:
-        start, end = self.cached, len(sequence)
-        if end - start > len(self.pending):
-            raise AssertionError("the feature head lacks target features for committed tokens; this is a bug")
-        device = self.head.device
-        tokens = sequence[start:end].to(device)
-        positions = torch.arange(start, end, device=device)
-        self.past, self.fed = self.kv, self.fed[:0]
-        g, new = self._run(self.pending[: end - start], tokens, positions, causal_visible(end - start, start, device))
-        self.kv = self.past = new if self.kv is None else self.kv.cat(new)
-        self.pending = self.pending[end - start:]
-        self.root_position = end - 1
-        self.predicted = g[-1:]
-        return self._probs(self.predicted).full()[0]
-
-    def _probs(self, g: torch.Tensor) -> DraftProbs:
-        """Predicted features [k, H] -> the draft's q, float32: over the K kept tokens (the others
-        have q = 0) or, with sampling's warpers, over the whole vocabulary."""
-        if self.to_probs is not None:
-            return DraftProbs.dense(self.to_probs(self.head.full_logits(g)))
-        small = torch.softmax(self.head.reduced_logits(g), dim=-1, dtype=torch.float32)  # [k, K]
-        return DraftProbs(small, self.head.token_ids, self.head.c.vocab_size)
-
-    def predicted_feature(self, pool_id: int) -> torch.Tensor:
-        """[H]: the head's predicted feature g of pool node ``pool_id`` fed this step (-1: the root)."""
-        return self.predicted[1 + pool_id]
-
-    def expand(self, pool: DraftTree, frontier: torch.Tensor) -> torch.Tensor:
-        """frontier: [k] long pool ids -> [k, vocab] (:meth:`expand_probs` over the whole vocabulary)."""
-        return self.expand_probs(pool, frontier).full()
-
-    def expand_probs(self, pool: DraftTree, frontier: torch.Tensor) -> DraftProbs:
-        """frontier: [k] long pool ids -> their children's q over the kept tokens. Each node reads
-        its parent's predicted feature and sees the cached entries and its ancestors' tree
-        entries; no host read."""
-        device = self.head.device
-        frontier = on(frontier, device)
-        features = self.predicted.index_select(0, pool.parents.index_select(0, frontier) + 1)  # [k, H] the parents' g
-        ancestors = pool.ancestor_mask().index_select(0, frontier)  # [k, m]
-        columns = torch.cat([self.fed, frontier])  # [f + k] pool ids of the tree entries after this forward
-        visible = torch.nn.functional.pad(ancestors.index_select(1, columns), (self.cached, 0), value=True)  # [k, s + f + k]
-        positions = ancestors.sum(dim=1) + self.root_position  # depth = ancestors, self included
-        g, new = self._run(features, pool.tokens.index_select(0, frontier), positions, visible)
-        self.past = self.past.cat(new)
-        self.fed = columns
-        rows = 1 + pool.tokens.shape[0]  # room for every pool node's g (twice what is short: not a pad per layer)
-        if self.predicted.shape[0] < rows:
-            grow = max(rows, 2 * self.predicted.shape[0]) - self.predicted.shape[0]
-            self.predicted = torch.nn.functional.pad(self.predicted, (0, 0, 0, grow))
-        self.predicted[1:].index_copy_(0, frontier, g)  # row 1 + p: pool node p
-        return self._probs(g)
-
-    def commit(self, accepted_pool_ids: list[int]) -> None:
-        # Tree entries read predicted features: drop them all. The accepted tokens are fed again,
-        # with the target's features, by the next root_probs.
-        self.past, self.fed = self.kv, self.fed[:0]

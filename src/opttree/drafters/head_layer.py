@@ -90,18 +90,37 @@ class HeadLayer(nn.Module):
                 mask: torch.Tensor) -> tuple[torch.Tensor, KV]:
         """x [b, q, H]; positions [b, q]; past: cached entries (s of them) or None;
         mask [b, 1, q, s + q] additive. Returns (output [b, q, H], the new entries' KV)."""
+        h, query, new = self._project(x, positions)
+        kv = new if past is None else past.cat(new)
+        return self._finish(x, query, kv, mask), new
+
+    def forward_into(self, x: torch.Tensor, positions: torch.Tensor, cache: KV, slots: torch.Tensor,
+                     mask: torch.Tensor) -> torch.Tensor:
+        """The same layer on a cache of fixed size (:mod:`opttree.drafters.head_graph`): x [b, q, H];
+        positions [b, q]; cache: this layer's buffers [b, kv_heads, S, d], the new entries written in
+        place at ``slots`` [q] long before attending; mask [b, 1, q, S] additive -> output [b, q, H]."""
+        h, query, new = self._project(x, positions)
+        cache.keys.index_copy_(2, slots, new.keys)
+        cache.values.index_copy_(2, slots, new.values)
+        return self._finish(x, query, cache, mask)
+
+    def _project(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, KV]:
+        """x [b, q, H] -> (normed input [b, q, H], rotated queries [b, heads, q, d], the new entries' KV)."""
         b, q, _ = x.shape
         c, a = self.c, self.self_attn
         cos, sin = rotary(positions, c.head_dim, c.rope_theta)
         h = self.input_layernorm(x)
         query = apply_rotary(a.q_proj(h).view(b, q, c.num_heads, c.head_dim).transpose(1, 2), cos, sin)
-        new = self.project_kv(h, cos, sin)
-        kv = new if past is None else past.cat(new)
+        return h, query, self.project_kv(h, cos, sin)
+
+    def _finish(self, x: torch.Tensor, query: torch.Tensor, kv: KV, mask: torch.Tensor) -> torch.Tensor:
+        """Attention over ``kv`` and the MLP: x [b, q, H], query [b, heads, q, d] -> [b, q, H]."""
+        b, q, _ = x.shape
+        c, a = self.c, self.self_attn
         attended = attend(query, kv, mask)  # [b, heads, q, d]
         x = x + a.o_proj(attended.transpose(1, 2).reshape(b, q, c.num_heads * c.head_dim))
         h = self.post_attention_layernorm(x)
-        x = x + self.mlp.down_proj(nn.functional.silu(self.mlp.gate_proj(h)) * self.mlp.up_proj(h))
-        return x, new
+        return x + self.mlp.down_proj(nn.functional.silu(self.mlp.gate_proj(h)) * self.mlp.up_proj(h))
 
 
 def attend(query: torch.Tensor, kv: KV, mask: torch.Tensor) -> torch.Tensor:

@@ -94,12 +94,12 @@ class VerifyForward:
     def compiles(self) -> bool:
         return self.compiled is not None
 
-    def __call__(self, cache, rows: int, /, **kwargs):
+    def __call__(self, cache, rows: int, length: int, /, **kwargs):
         """One forward over ``rows`` new tokens (a verification size) on ``cache`` (also in ``kwargs``,
-        under the model's own name for it)."""
+        under the model's own name for it), which holds ``length`` committed slots (the caller knows
+        them: reading a static cache's count would wait for the device)."""
         if self.compiled is None or rows in self.failed:
             return self.model(**kwargs)
-        length = kv_cache.cache_length(cache)
         try:
             return self.compiled(**kwargs)
         except Exception as error:  # noqa: BLE001 - any failure of the compiler or the compiled code

@@ -135,7 +135,6 @@ def keep_slots(cache: DynamicCache | StaticCache, start: int, slots: list[int],
     tensor where the walk left them (else they are copied from the host: on a GPU, a copy that
     waits for the stream). ONE index tensor serves every layer on a device.
     """
-    total = cache_length(cache)
     k = len(slots)
     if k and slots != list(range(start, start + k)):
         index: dict[tuple[torch.device, int], torch.Tensor] = {}
@@ -150,10 +149,10 @@ def keep_slots(cache: DynamicCache | StaticCache, start: int, slots: list[int],
                 index[where] = on - shift if shift else on
             layer.keys[..., start - shift:start - shift + k, :] = layer.keys[..., index[where], :]
             layer.values[..., start - shift:start - shift + k, :] = layer.values[..., index[where], :]
-    if is_static(cache):
+    if is_static(cache):  # (its count is not read: on a GPU, a wait for the device)
         _set_static_length(cache, start + k)
-    elif total > start + k:
-        cache.crop(-(total - start - k))
+    elif cache_length(cache) > start + k:
+        cache.crop(-(cache_length(cache) - start - k))
     for layer in cache.layers:
         if type(layer) is WindowLayer:
             layer.trim()

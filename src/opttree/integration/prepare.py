@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from transformers import StaticCache
+from transformers import CompileConfig, StaticCache
 
 from ..budget import calibration
 from ..budget.latency import largest_tree
@@ -111,12 +111,14 @@ def prepare(model, call: GenerateCall, options: Options) -> DecodeCall:
     if static_by_default(model, config_in, options, rows):  # the compiled path where generate() would compile
         cache = StaticCache(config=model.config, max_cache_len=cache_slots(need.room))
         kwargs = {**kwargs, GENERATE_CACHE_NAME: cache}
+    verify = VerifyForward.of(model, kwargs, config_in)  # compiled where generate() would compile
+    if verify.compiles:  # the draft's forwards too, where it can (a feature head: fixed shapes)
+        drafter = drafter.compiled(config_in.compile_config or CompileConfig(), need.room)
     drafters = drafter.rows(rows)
     for each in [cache, *drafters.caches()]:
         check_cache(each, need)
     # nodes/threshold="auto": measure this machine (a scratch drafter of the same kind is timed): the only
     # forwards before decoding, after every check
-    verify = VerifyForward.of(model, kwargs, config_in)  # compiled where generate() would compile
     policy = calibration.policy_maker(config, model, drafter, drafter.fresh, forward=verify)  # timed as it runs
     opened = open_cache(cache, need)
     pad = config_in._pad_token_tensor

@@ -83,7 +83,7 @@ def target_forward(target, inputs, cache, want_hidden: bool, extra: dict | None 
     verification forward (compiled where generate() compiles, hf.compiled); None: the target, eager."""
     kwargs = dict(**{**inputs.as_kwargs(), **(extra or {})}, **with_cache(target, cache), use_cache=True,
                   logits_to_keep=0, output_hidden_states=want_hidden)
-    out = target(**kwargs) if forward is None else forward(cache, inputs.input_ids.shape[1], **kwargs)
+    out = target(**kwargs) if forward is None else forward(cache, inputs.input_ids.shape[1], inputs.past_len, **kwargs)
     return out.logits.float(), out.hidden_states if want_hidden else None
 
 

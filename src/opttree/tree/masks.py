@@ -40,6 +40,7 @@ class ForwardInputs:
     attention_mask: torch.Tensor | dict[str, torch.Tensor]  # [1, 1, q, past_len + q]; per layer type where they differ
     position_ids: torch.Tensor  # [1, q] long
     cache_position: torch.Tensor  # [q] long
+    past_len: int = 0  # the cached slots before the new tokens (known on the host: no read of the cache's count)
 
     def as_kwargs(self) -> dict:
         return dict(input_ids=self.input_ids, attention_mask=self.attention_mask,
@@ -91,6 +92,7 @@ def tree_forward_inputs(
         attention_mask=mask,
         position_ids=positions.unsqueeze(0),
         cache_position=torch.arange(past_len, kv, device=tokens.device) if slot_ids is None else slot_ids[past_len:kv],
+        past_len=past_len,
     )
 
 
@@ -183,6 +185,7 @@ def batch_forward_inputs(tokens: torch.Tensor, positions: torch.Tensor, visible:
                         if windowed else additive_mask(visible, dtype)),
         position_ids=positions,
         cache_position=torch.arange(past_len, past_len + tokens.shape[1], device=tokens.device),
+        past_len=past_len,
     )
 
 

@@ -1,0 +1,236 @@
+"""The per-call drafters of a feature head (:mod:`opttree.drafters.feature_head` holds its weights):
+:class:`FeatureHeadDrafter` grows its KV cache by concatenation and runs each forward eagerly at its
+own width; :class:`CompiledHeadDrafter` drafts the same trees on fixed shapes, its forwards compiled
+(:mod:`opttree.drafters.head_graph`), where the target's verification compiles."""
+
+from __future__ import annotations
+
+import torch
+
+from ..hf.compiled import cache_slots
+from ..tree.draft_probs import DraftProbs
+from ..tree.draft_tree import DraftTree
+from ..tree.masks import additive_mask
+from ..tree.sizes import padded_size
+from .base import Drafter, ToProbs
+from .head_graph import HeadBuffers, HeadSteps
+from .head_layer import KV
+from .model import on
+
+
+def causal_visible(q: int, s: int, device) -> torch.Tensor:
+    """[q, s + q] bool: q new entries see the s cached ones and the new ones up to themselves."""
+    visible = torch.ones(q, s + q, dtype=torch.bool, device=device)
+    visible[:, s:] = torch.ones(q, q, dtype=torch.bool, device=device).tril()
+    return visible
+
+
+class FeatureHeadDrafter(Drafter):
+    """Drafts trees with a :class:`FeatureHead`; one instance per generate() call and batch row."""
+
+    wants_hidden_states = True  # the generation loop calls add_features with the target's features
+    context_length = None  # RoPE: no limit of its own
+
+    def __init__(self, head, to_probs: ToProbs | None = None):  # head: a feature_head.FeatureHead
+        self.head = head
+        self.to_probs = to_probs  # full logits [k, V] -> probabilities; None: softmax (fast path)
+        self.kv: KV | None = None  # entries 0..cached-1, all with true target features
+        self.pending = torch.zeros(1, head.c.hidden_size, device=head.device)  # f_{cached-1}, f_{cached}, ...
+        self.past: KV | None = None  # self.kv followed by this step's tree entries, in feeding order
+        self.fed = torch.empty(0, dtype=torch.long, device=head.device)  # [f] pool id of each tree entry
+        self.predicted = torch.zeros(1, head.c.hidden_size, device=head.device)  # [1 + m, H]: g of the root (row 0) and of pool node p (row 1 + p, once fed)
+        self.root_position = 0
+        self.forwards = 0
+
+    def bind(self, target, to_probs: ToProbs | None) -> "FeatureHeadDrafter":
+        """A fresh drafter on the same head, checked to fit ``target``; sampling: ``to_probs``
+        turns the head's full logits into its q."""
+        self.head.check_fits(target)
+        return FeatureHeadDrafter(self.head, to_probs or self.to_probs)
+
+    def fresh(self) -> "FeatureHeadDrafter":
+        return FeatureHeadDrafter(self.head, self.to_probs)
+
+    def compiled(self, compile_config, room: int) -> "CompiledHeadDrafter":
+        """This head drafting on fixed shapes, its forwards compiled with ``compile_config``, a cache
+        of :func:`~opttree.hf.compiled.cache_slots` ``(room)`` slots (see :class:`CompiledHeadDrafter`)."""
+        return CompiledHeadDrafter(self.head, self.to_probs, HeadSteps.of(compile_config), cache_slots(room))
+
+    def modules(self) -> list[torch.nn.Module]:
+        return [self.head]
+
+    @property
+    def cached(self) -> int:
+        return 0 if self.kv is None else len(self.kv)
+
+    def features_from(self, hidden_states: tuple) -> torch.Tensor:
+        """The target's ``output_hidden_states`` (each [1, T, H]) -> what :meth:`add_features` takes,
+        [T, H]: the head's ``feature_layers`` fused (the last hidden state itself for a plain head)."""
+        with torch.inference_mode():
+            return self.head.target_features(hidden_states)[0]
+
+    def add_features(self, features: torch.Tensor) -> None:
+        """The target's features [m, H] of the next m committed positions."""
+        self.pending = torch.cat([self.pending, features.to(self.pending.device, self.pending.dtype)])
+
+    def _run(self, features, tokens, positions, visible) -> tuple[torch.Tensor, KV]:
+        """Feed q entries ([q, H], [q], [q]) seeing ``visible`` [q, s + q] of cache + tree + them."""
+        with torch.inference_mode():
+            past = self.past
+            predicted, new = self.head(features[None], tokens[None], positions[None], past, additive_mask(visible, torch.float32))
+        self.forwards += 1
+        return predicted[0], new  # [q, H], the new entries
+
+    def root_probs(self, sequence: torch.Tensor) -> torch.Tensor:
+        start, end = self.cached, len(sequence)
+        if end - start > len(self.pending):
+            raise AssertionError("the feature head lacks target features for committed tokens; this is a bug")
+        device = self.head.device
+        tokens = sequence[start:end].to(device)
+        positions = torch.arange(start, end, device=device)
+        self.past, self.fed = self.kv, self.fed[:0]
+        g, new = self._run(self.pending[: end - start], tokens, positions, causal_visible(end - start, start, device))
+        self.kv = self.past = new if self.kv is None else self.kv.cat(new)
+        self.pending = self.pending[end - start:]
+        self.root_position = end - 1
+        self.predicted = g[-1:]
+        return self._probs(self.predicted).full()[0]
+
+    def _probs(self, g: torch.Tensor) -> DraftProbs:
+        """Predicted features [k, H] -> the draft's q (:meth:`probs_of`)."""
+        return self.probs_of(self.head.reduced_logits(g))
+
+    def probs_of(self, small: torch.Tensor) -> DraftProbs:
+        """Logits over the kept tokens [k, K] -> the draft's q, float32: over the K kept tokens (the
+        others have q = 0) or, with sampling's warpers, over the whole vocabulary."""
+        if self.to_probs is not None:
+            return DraftProbs.dense(self.to_probs(self.head.spread(small)))
+        return DraftProbs(torch.softmax(small, dim=-1, dtype=torch.float32), self.head.token_ids, self.head.c.vocab_size)
+
+    def predicted_feature(self, pool_id: int) -> torch.Tensor:
+        """[H]: the head's predicted feature g of pool node ``pool_id`` fed this step (-1: the root)."""
+        return self.predicted[1 + pool_id]
+
+    def expand(self, pool: DraftTree, frontier: torch.Tensor) -> torch.Tensor:
+        """frontier: [k] long pool ids -> [k, vocab] (:meth:`expand_probs` over the whole vocabulary)."""
+        return self.expand_probs(pool, frontier).full()
+
+    def expand_probs(self, pool: DraftTree, frontier: torch.Tensor) -> DraftProbs:
+        """frontier: [k] long pool ids -> their children's q over the kept tokens. Each node reads
+        its parent's predicted feature and sees the cached entries and its ancestors' tree
+        entries; no host read."""
+        device = self.head.device
+        frontier = on(frontier, device)
+        features = self.predicted.index_select(0, pool.parents.index_select(0, frontier) + 1)  # [k, H] the parents' g
+        ancestors = pool.ancestor_mask().index_select(0, frontier)  # [k, m]
+        columns = torch.cat([self.fed, frontier])  # [f + k] pool ids of the tree entries after this forward
+        visible = torch.nn.functional.pad(ancestors.index_select(1, columns), (self.cached, 0), value=True)  # [k, s + f + k]
+        positions = ancestors.sum(dim=1) + self.root_position  # depth = ancestors, self included
+        g, new = self._run(features, pool.tokens.index_select(0, frontier), positions, visible)
+        self.past = self.past.cat(new)
+        self.fed = columns
+        rows = 1 + pool.tokens.shape[0]  # room for every pool node's g (twice what is short: not a pad per layer)
+        if self.predicted.shape[0] < rows:
+            grow = max(rows, 2 * self.predicted.shape[0]) - self.predicted.shape[0]
+            self.predicted = torch.nn.functional.pad(self.predicted, (0, 0, 0, grow))
+        self.predicted[1:].index_copy_(0, frontier, g)  # row 1 + p: pool node p
+        return self._probs(g)
+
+    def commit(self, accepted_pool_ids: list[int]) -> None:
+        # Tree entries read predicted features: drop them all. The accepted tokens are fed again,
+        # with the target's features, by the next root_probs.
+        self.past, self.fed = self.kv, self.fed[:0]
+
+
+class CompiledHeadDrafter(FeatureHeadDrafter):
+    """A :class:`FeatureHeadDrafter` whose forwards run :func:`head_step` on fixed shapes (see the
+    module docstring); the same q as the eager drafter's, to the compiled kernels' rounding."""
+
+    def __init__(self, head, to_probs: ToProbs | None, steps: HeadSteps, slots: int):
+        super().__init__(head, to_probs)
+        self.steps = steps
+        self.buffers = HeadBuffers.allocate(head, slots)
+        self._cached = 0  # entries 0..cached-1 of the buffers hold committed tokens (true target features)
+
+    def bind(self, target, to_probs: ToProbs | None) -> "CompiledHeadDrafter":
+        self.head.check_fits(target)
+        return CompiledHeadDrafter(self.head, to_probs or self.to_probs, self.steps, self.buffers.slots)
+
+    def fresh(self) -> "CompiledHeadDrafter":
+        return CompiledHeadDrafter(self.head, self.to_probs, self.steps, self.buffers.slots)
+
+    def compiled(self, compile_config, room: int) -> "CompiledHeadDrafter":
+        return self
+
+    def modules(self) -> list[torch.nn.Module]:
+        return []  # its linears are the compiler's, not opttree's CPU kernels
+
+    @property
+    def cached(self) -> int:
+        return self._cached
+
+    def _forward(self, eager: bool, features, tokens, positions, slots, visible) -> tuple[torch.Tensor, torch.Tensor]:
+        """[w, H], [w], [w], [w], [w, S] -> (g [w, H], logits over the kept tokens [w, K])."""
+        head = self.head
+        with torch.inference_mode():
+            out = self.steps(eager, head, self.buffers.keys, self.buffers.values, head.output_rows(), head.out_bias,
+                             features, tokens, positions, slots, visible)
+        self.forwards += 1
+        return out
+
+    def root_probs(self, sequence: torch.Tensor) -> torch.Tensor:
+        start, end = self._cached, len(sequence)
+        if end - start > len(self.pending):
+            raise AssertionError("the feature head lacks target features for committed tokens; this is a bug")
+        q = end - start
+        prefill = start == 0  # the prompt: eager, at its own length
+        w = q if prefill else padded_size(q)
+        self.buffers = self.buffers.holding(start + w, start)
+        ids = self.buffers.slot_ids
+        rows = ids[:w].clamp(max=q - 1)  # [w]: pad rows repeat the last committed token
+        positions = rows + start  # [w]
+        tokens = on(sequence[start:end], self.head.device).index_select(0, rows)  # [w]
+        features = self.pending[:q].index_select(0, rows)  # [w, H]
+        visible = ids[None] <= positions[:, None]  # [w, S]: causal over the committed slots
+        g, logits = self._forward(prefill, features, tokens, positions, ids[start:start + w], visible)
+        self._cached, self.fed = end, self.fed[:0]
+        self.pending = self.pending[q:]
+        self.root_position = end - 1
+        self.predicted = g[q - 1:q].clone()  # a compiled run's outputs may be overwritten by the next run
+        return self.probs_of(logits[q - 1:q]).full()[0]
+
+    def expand_probs(self, pool: DraftTree, frontier: torch.Tensor) -> DraftProbs:
+        """frontier: [k] long pool ids -> their children's q over the kept tokens, as the eager
+        drafter's, from one forward of padded_size(k) rows; no host read."""
+        device = self.head.device
+        frontier = on(frontier, device)
+        k, f, cached = frontier.shape[0], self.fed.shape[0], self._cached
+        w = padded_size(k)
+        self.buffers = self.buffers.holding(cached + f + w, cached + f)
+        padded = frontier if w == k else torch.cat([frontier, frontier[:1].expand(w - k)])  # [w] pool ids
+        features = self.predicted.index_select(0, pool.parents.index_select(0, padded) + 1)  # [w, H] the parents' g
+        ancestors = pool.ancestor_mask().index_select(0, padded)  # [w, m]
+        columns = torch.cat([self.fed, frontier])  # [f + k] pool ids of the tree entries after this forward
+        tree = ancestors.index_select(1, columns)  # [w, f + k]
+        rest = self.buffers.slots - cached - f - k
+        visible = torch.cat([tree.new_ones(w, cached), tree, tree.new_zeros(w, rest)], dim=1)  # [w, S]
+        positions = ancestors.sum(dim=1) + self.root_position  # depth = ancestors, self included
+        slots = self.buffers.slot_ids[cached + f:cached + f + w]
+        g, logits = self._forward(False, features, pool.tokens.index_select(0, padded), positions, slots, visible)
+        self.fed = columns
+        self._store_predicted(len(pool), frontier, g[:k])
+        return self.probs_of(logits[:k])
+
+    def _store_predicted(self, nodes: int, frontier: torch.Tensor, g: torch.Tensor) -> None:
+        """Row 1 + p of ``predicted`` holds pool node p's g (grown by doubling when short)."""
+        if self.predicted.shape[0] < 1 + nodes:
+            grow = max(1 + nodes, 2 * self.predicted.shape[0]) - self.predicted.shape[0]
+            self.predicted = torch.nn.functional.pad(self.predicted, (0, 0, 0, grow))
+        self.predicted[1:].index_copy_(0, frontier, g)
+
+    def commit(self, accepted_pool_ids: list[int]) -> None:
+        # the tree's entries stay in the buffers past ``cached``, unseen, until overwritten
+        self.fed = self.fed[:0]
+
+
+__all__ = ["CompiledHeadDrafter", "FeatureHeadDrafter", "causal_visible"]

@@ -1,0 +1,133 @@
+"""A feature head's drafting on fixed shapes, so that its per-layer step compiles (CUDA graphs on a GPU).
+
+The eager :class:`~opttree.drafters.feature_head.FeatureHeadDrafter` grows its KV cache by
+concatenation and feeds each layer's k frontier nodes as they come, so every forward has a shape
+of its own and launches op by op. :class:`CompiledHeadDrafter` (:mod:`opttree.drafters.head_drafter`) drafts the
+same trees with the same arithmetic on shapes that repeat:
+
+- the KV cache is one buffer per call, ``slots`` entries long (:func:`opttree.hf.compiled.cache_slots`
+  of the call's room, so calls of other prompt lengths share its size), written in place at each
+  entry's slot; the mask spans the whole buffer;
+- every forward's rows are padded to a verification size (:data:`opttree.tree.sizes.VERIFY_SIZES`).
+  A pad row repeats a real row (a layer's first frontier node; a catch-up's last committed token),
+  its entries go to the slots right after the real ones, which the next forward overwrites, and no
+  row sees them. Its outputs are never read.
+
+So :func:`head_step` compiles once per width and buffer size, and every later step of every call
+of that size replays those graphs (under ``mode="reduce-overhead"``, generate()'s default on CUDA,
+as CUDA graphs: the buffers are marked static, as transformers marks a StaticCache's). The prefill
+(the prompt's catch-up) runs the same function eagerly at its own length, as generate() keeps its
+prefill eager. A width whose compile or compiled run fails runs eagerly from then on, with one
+warning; the in-place writes are the same either way, so nothing needs rewinding.
+
+:class:`~opttree.drafters.head_drafter.CompiledHeadDrafter` drafts this way where opttree verifies
+through the compiled forward (``Drafter.compiled``, called by :mod:`opttree.integration.prepare`): a GPU by default, any device with
+``CompileConfig._compile_all_devices`` (what the tests use on a CPU).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from ..tree.masks import additive_mask
+from .head_layer import KV
+
+logger = logging.getLogger(__name__)
+
+
+def head_step(head: torch.nn.Module, keys: torch.Tensor, values: torch.Tensor, rows: torch.Tensor, bias: torch.Tensor,
+              features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+              visible: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One forward of ``w`` rows of ``head`` (a :class:`~opttree.drafters.feature_head.FeatureHead`) on
+    the fixed buffers, pure but for the buffers' writes.
+
+    keys, values: [1, layers * kv_heads, S, d], the new entries written at ``slots``;
+    rows [K, H], bias [K]: the output rows over the kept tokens;
+    features [w, H] (each row's parent feature), tokens [w] long, positions [w] long,
+    slots [w] long, visible [w, S] bool -> (predicted features g [w, H], logits over the kept tokens [w, K])."""
+    x = head.entry(features, tokens)[None]  # [1, w, H]
+    mask = additive_mask(visible, torch.float32)  # [1, 1, w, S]
+    cache, kv_heads = KV(keys, values), head.c.num_kv_heads
+    for i, layer in enumerate(head.layers()):
+        x = layer.forward_into(x, positions[None], cache.layer(i, kv_heads), slots, mask)
+    g = head.norm(x)[0]  # [w, H]
+    return g, torch.nn.functional.linear(g, rows.to(g.dtype), bias.to(g.dtype))
+
+
+@dataclass
+class HeadSteps:
+    """:func:`head_step`, compiled as the target's decoding forward is (``compile_config``), with an
+    eager fallback per width. Shared by the drafters of one call (its rows, calibration's scratch)."""
+
+    compiled: Callable
+    failed: set[int] = field(default_factory=set)  # widths that fell back to eager
+
+    @classmethod
+    def of(cls, compile_config) -> "HeadSteps":
+        return cls(torch.compile(head_step, **compile_config.to_dict()))
+
+    def __call__(self, eager: bool, *args) -> tuple[torch.Tensor, torch.Tensor]:
+        width = args[5].shape[0]  # features [w, H]
+        if eager or width in self.failed:
+            return head_step(*args)
+        try:
+            return self.compiled(*args)
+        except Exception as error:  # noqa: BLE001 - any failure of the compiler or the compiled code
+            self.failed.add(width)
+            logger.warning("the compiled draft step of %d rows failed (%s: %s); running it eagerly from now on",
+                           width, type(error).__name__, str(error).splitlines()[0] if str(error) else "")
+            return head_step(*args)
+
+
+@dataclass
+class HeadBuffers:
+    """The head's KV cache of fixed size: every layer's entries stacked on the head axis."""
+
+    keys: torch.Tensor  # [1, layers * kv_heads, S, d]
+    values: torch.Tensor  # [1, layers * kv_heads, S, d]
+    slot_ids: torch.Tensor  # [S] long 0, 1, ...: every forward's slots are a slice of it
+
+    @classmethod
+    def allocate(cls, head: torch.nn.Module, slots: int) -> "HeadBuffers":
+        c = head.c
+        shape = (1, c.num_layers * c.num_kv_heads, slots, c.head_dim)
+        keys = torch.zeros(shape, dtype=head.fc.weight.dtype, device=head.device)
+        values = torch.zeros_like(keys)
+        for t in (keys, values):  # a fixed address: CUDA graphs read them in place (as a StaticCache's)
+            torch._dynamo.mark_static_address(t)
+        return cls(keys, values, torch.arange(slots, device=head.device))
+
+    @property
+    def slots(self) -> int:
+        return self.keys.shape[2]
+
+    def holding(self, needed: int, filled: int) -> "HeadBuffers":
+        """Buffers with room for ``needed`` slots: these, or twice as many (a new size compiles anew)
+        with the first ``filled`` entries copied. A call outgrows its buffers only if its trees feed
+        more entries than its room foresaw."""
+        if needed <= self.slots:
+            return self
+        slots = self.slots
+        while slots < needed:
+            slots *= 2
+        logger.debug("the draft's fixed cache grows from %d to %d slots", self.slots, slots)
+        bigger = HeadBuffers.allocate_like(self, slots)
+        bigger.keys[:, :, :filled] = self.keys[:, :, :filled]
+        bigger.values[:, :, :filled] = self.values[:, :, :filled]
+        return bigger
+
+    @classmethod
+    def allocate_like(cls, other: "HeadBuffers", slots: int) -> "HeadBuffers":
+        shape = (*other.keys.shape[:2], slots, other.keys.shape[3])
+        keys = other.keys.new_zeros(shape)
+        values = torch.zeros_like(keys)
+        for t in (keys, values):
+            torch._dynamo.mark_static_address(t)
+        return cls(keys, values, torch.arange(slots, device=keys.device))
+
+
+__all__ = ["HeadBuffers", "HeadSteps", "head_step"]
