@@ -20,6 +20,7 @@ from opttree.distill.head import new_head
 from opttree.drafters.head_drafter import CompiledHeadDrafter, FeatureHeadDrafter
 from opttree.drafters.head_graph import HeadSteps
 from opttree.tree import DraftTree
+import test_feature_head  # its OffByOne, made a compiled drafter below
 from test_feature_head import drafter_after, oracle_head, prompt, randomised, sharp_one_layer_target
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
@@ -98,15 +99,8 @@ def test_the_compiled_drafter_drafts_the_eager_drafters_q(layers, room):
     assert fixed.buffers.slots >= fixed.cached + 7
 
 
-class OffByOne(CompiledHeadDrafter):
+class OffByOne(test_feature_head.OffByOne, CompiledHeadDrafter):
     """A compiled head drafter whose tree nodes sit one position too early (negative control)."""
-
-    def expand_probs(self, pool, frontier):
-        self.root_position -= 1
-        try:
-            return super().expand_probs(pool, frontier)
-        finally:
-            self.root_position += 1
 
 
 @pytest.mark.parametrize("broken", [False, True])
@@ -276,3 +270,33 @@ def test_auto_calibrates_through_the_compiled_draft_step(tmp_path, monkeypatch, 
     assert len(list(tmp_path.glob("*.json"))) == 1
     calibration.clear_calibrations()
     assert type(head.for_target(target)) is FeatureHeadDrafter  # the head itself is untouched
+
+
+@pytest.mark.gpu
+def test_on_cuda_the_default_path_replays_the_heads_graphs_and_syncs_a_few_times():
+    """On a GPU with no cache named and no compile_config: a static cache, the verification and the
+    head's step compiled by generate()'s default (inductor, CUDA graphs); greedy equal to plain, the
+    q equal to the eager drafter's, and about one synchronising call per drafted layer."""
+    import warnings
+
+    target = peaked(tiny_model("llama", seed=0), scale=300.0).to("cuda:0")
+    target.generation_config.eos_token_id = None
+    head = new_head(target)[0].to("cuda:0")
+    ids = prompt(12).to("cuda:0")
+    ref = target.generate(ids, max_new_tokens=60, do_sample=False)
+    assert torch.equal(spec(target, head, ids, max_new_tokens=60, nodes=16).sequences, ref)  # compiles
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = spec(target, head, ids, max_new_tokens=60, nodes=16)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert torch.equal(out.sequences, ref)
+    steps = len(out.stats.steps)
+    depth = sum(s.tree_depth for s in out.stats.steps) / steps
+    syncs = sum("synchroniz" in str(w.message) for w in caught)
+    assert syncs / steps <= depth + 6, (syncs, steps, depth)
+    eager, root = drafter_after(head, target, ids)
+    fixed, fixed_root = drafter_after(head.for_target(target).compiled(CompileConfig(), 64), target, ids)
+    torch.testing.assert_close(fixed_root, root, rtol=1e-3, atol=1e-5)
