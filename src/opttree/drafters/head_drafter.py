@@ -129,12 +129,16 @@ class FeatureHeadDrafter(Drafter):
         g, new = self._run(features, pool.tokens.index_select(0, frontier), positions, visible)
         self.past = self.past.cat(new)
         self.fed = columns
-        rows = 1 + pool.tokens.shape[0]  # room for every pool node's g (twice what is short: not a pad per layer)
-        if self.predicted.shape[0] < rows:
-            grow = max(rows, 2 * self.predicted.shape[0]) - self.predicted.shape[0]
-            self.predicted = torch.nn.functional.pad(self.predicted, (0, 0, 0, grow))
-        self.predicted[1:].index_copy_(0, frontier, g)  # row 1 + p: pool node p
+        self._store_predicted(len(pool), frontier, g)
         return self._probs(g)
+
+    def _store_predicted(self, nodes: int, frontier: torch.Tensor, g: torch.Tensor) -> None:
+        """Row 1 + p of ``predicted`` takes pool node p's g ([k] ids, [k, H]); room for every one of the
+        pool's ``nodes`` (twice what is short: not a pad per layer)."""
+        if self.predicted.shape[0] < 1 + nodes:
+            grow = max(1 + nodes, 2 * self.predicted.shape[0]) - self.predicted.shape[0]
+            self.predicted = torch.nn.functional.pad(self.predicted, (0, 0, 0, grow))
+        self.predicted[1:].index_copy_(0, frontier, g)
 
     def commit(self, accepted_pool_ids: list[int]) -> None:
         # Tree entries read predicted features: drop them all. The accepted tokens are fed again,
@@ -220,13 +224,6 @@ class CompiledHeadDrafter(FeatureHeadDrafter):
         self.fed = columns
         self._store_predicted(len(pool), frontier, g[:k])
         return self.probs_of(logits[:k])
-
-    def _store_predicted(self, nodes: int, frontier: torch.Tensor, g: torch.Tensor) -> None:
-        """Row 1 + p of ``predicted`` holds pool node p's g (grown by doubling when short)."""
-        if self.predicted.shape[0] < 1 + nodes:
-            grow = max(1 + nodes, 2 * self.predicted.shape[0]) - self.predicted.shape[0]
-            self.predicted = torch.nn.functional.pad(self.predicted, (0, 0, 0, grow))
-        self.predicted[1:].index_copy_(0, frontier, g)
 
     def commit(self, accepted_pool_ids: list[int]) -> None:
         # the tree's entries stay in the buffers past ``cached``, unseen, until overwritten

@@ -94,12 +94,15 @@ class HeadBuffers:
     @classmethod
     def allocate(cls, head: torch.nn.Module, slots: int) -> "HeadBuffers":
         c = head.c
-        shape = (1, c.num_layers * c.num_kv_heads, slots, c.head_dim)
-        keys = torch.zeros(shape, dtype=head.fc.weight.dtype, device=head.device)
+        return cls.zeros((1, c.num_layers * c.num_kv_heads, slots, c.head_dim), head.fc.weight.dtype, head.device)
+
+    @classmethod
+    def zeros(cls, shape: tuple[int, int, int, int], dtype: torch.dtype, device) -> "HeadBuffers":
+        keys = torch.zeros(shape, dtype=dtype, device=device)
         values = torch.zeros_like(keys)
         for t in (keys, values):  # a fixed address: CUDA graphs read them in place (as a StaticCache's)
             torch._dynamo.mark_static_address(t)
-        return cls(keys, values, torch.arange(slots, device=head.device))
+        return cls(keys, values, torch.arange(shape[2], device=device))
 
     @property
     def slots(self) -> int:
@@ -115,19 +118,10 @@ class HeadBuffers:
         while slots < needed:
             slots *= 2
         logger.debug("the draft's fixed cache grows from %d to %d slots", self.slots, slots)
-        bigger = HeadBuffers.allocate_like(self, slots)
+        b, heads, _, dim = self.keys.shape
+        bigger = HeadBuffers.zeros((b, heads, slots, dim), self.keys.dtype, self.keys.device)
         bigger.keys[:, :, :filled] = self.keys[:, :, :filled]
         bigger.values[:, :, :filled] = self.values[:, :, :filled]
         return bigger
-
-    @classmethod
-    def allocate_like(cls, other: "HeadBuffers", slots: int) -> "HeadBuffers":
-        shape = (*other.keys.shape[:2], slots, other.keys.shape[3])
-        keys = other.keys.new_zeros(shape)
-        values = torch.zeros_like(keys)
-        for t in (keys, values):
-            torch._dynamo.mark_static_address(t)
-        return cls(keys, values, torch.arange(slots, device=keys.device))
-
 
 __all__ = ["HeadBuffers", "HeadSteps", "head_step"]
