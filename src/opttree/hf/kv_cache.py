@@ -151,8 +151,8 @@ def keep_slots(cache: DynamicCache | StaticCache, start: int, slots: list[int],
             layer.values[..., start - shift:start - shift + k, :] = layer.values[..., index[where], :]
     if is_static(cache):  # (its count is not read: on a GPU, a wait for the device)
         _set_static_length(cache, start + k)
-    elif cache_length(cache) > start + k:
-        cache.crop(-(cache_length(cache) - start - k))
+    elif (total := cache_length(cache)) > start + k:  # a dynamic cache's length is a shape: no read
+        cache.crop(-(total - start - k))
     for layer in cache.layers:
         if type(layer) is WindowLayer:
             layer.trim()

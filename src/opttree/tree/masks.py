@@ -40,7 +40,7 @@ class ForwardInputs:
     attention_mask: torch.Tensor | dict[str, torch.Tensor]  # [1, 1, q, past_len + q]; per layer type where they differ
     position_ids: torch.Tensor  # [1, q] long
     cache_position: torch.Tensor  # [q] long
-    past_len: int = 0  # the cached slots before the new tokens (known on the host: no read of the cache's count)
+    past_len: int  # the cached slots before the new tokens (known on the host: no read of the cache's count)
 
     def as_kwargs(self) -> dict:
         return dict(input_ids=self.input_ids, attention_mask=self.attention_mask,
