@@ -115,3 +115,21 @@ def test_chain_speed():
     b = bench()
     assert b.chain_speed(2.0, 3, 30.0, 2.0, 20.0) == pytest.approx(2.0 * 20.0 / 36.0)
     assert b.chain_speed(1.0, 3, 20.0, 0.0, 20.0) == 1.0  # nothing accepted, free drafts: plain's speed
+
+
+def test_held_out_coverage_chooses_each_categorys_set_without_it():
+    """benchmarks/kept_coverage.py: each category's kept sets are ranked on the OTHER categories'
+    answers. a wrote 7, 7, 9 and b 9, 8; the shipped set is {8}. Held out, a's set ranks b's tokens
+    (8, 9, then ids) and b's ranks a's (7, 9, then ids)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from kept_coverage import held_out_coverage
+
+    answers = [{"category": "a", "answer_ids": [7, 7, 9]}, {"category": "b", "answer_ids": [9, 8]}]
+    report = held_out_coverage(torch.tensor([8]), answers, [1, 2], vocab=10)
+    # (token-weighted, category mean, worst category, its coverage)
+    assert report["counts alone"][1] == pytest.approx((0.0, 0.0, "a", 0.0))  # a: {8}, b: {7}
+    assert report["counts alone"][2] == pytest.approx((2 / 5, (1 / 3 + 1 / 2) / 2, "a", 1 / 3))  # {8, 9}, {7, 9}
+    assert report["shipped + counts"][2] == pytest.approx((2 / 5, (1 / 3 + 1 / 2) / 2, "a", 1 / 3))  # {8, 9}, {7, 8}
+    assert report["shipped + ids"][2] == pytest.approx((1 / 5, 1 / 4, "a", 0.0))  # {0, 8} for both
