@@ -55,7 +55,7 @@ BUDGET_NAMES = ['AUTO_MAX_NODES', 'AffineFit', 'AutoPolicy', 'BudgetPolicy', 'CA
              'known_latency', 'layer_pays', 'layer_width', 'lower_envelope', 'make_policy', 'measure',
              'measure_drafter', 'measure_verify', 'model_fingerprint', 'next_layer_guess', 'read_cached', 'to_json',
              'policy_maker', 'write_cached', 'complete_table', 'forward_kind', 'measure_verify_budgeted', 'VerifyRig',
-             'warm_then_time', 'with_fitted_sizes']  # every public name of the budget
+             'warm_then_time', 'with_fitted_sizes', 'as_calibrated']  # every public name of the budget
 
 
 def test_every_budget_name_has_one_home():
@@ -405,7 +405,10 @@ def test_config_accepts_auto_and_nothing_else():
 
 
 class RecordingPolicy:
-    """A policy of its own: a fixed plan, and a record of every step it was told about."""
+    """A policy of its own: a fixed plan, and a record of every step it was told about (timed: the loop
+    times its steps, as for "auto")."""
+
+    timed = True
 
     def __init__(self, nodes):
         self.max_nodes, self.plans, self.steps = nodes, 0, []

@@ -219,17 +219,49 @@ def near_tie_target(family: str, seed: int):
     return target, a, b, ids
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "gpt2"])
-def test_float32_near_ties_engineered_in_the_lm_head_are_ties_never_mismatches(family):
-    """opttree's output on float32 targets with a 1-ulp near-tie at the first token: equal to plain's,
-    or leaving it exactly there, between the two tied tokens, as a TIE (on the AMD EPYC this was written
-    on, 15 or 16 of these 36 runs split: the CPU kernel's timed choices vary from run to run). The near-tie is real: plain's own gap is within float32's bound."""
-    for seed in range(6):
+SEED_SEARCH = 48  # seeds tried for a near-tie of the kind a test needs before it says none was found
+
+
+def near_ties(family: str, wanted, count: int):
+    """The first ``count`` near-tie targets (``near_tie_target(family, seed)`` with plain's greedy on its
+    prompt) whose plain scores satisfy ``wanted(gap, scores)``, gap = plain's score of its own first token
+    minus the other tied token's. Which seeds qualify depends on how THIS CPU's kernels round (on an AMX
+    Xeon plain's two logits come out exactly equal for seed 0, on a Zen 4 they differ by an ulp), so the
+    tests search for their precondition instead of assuming one seed has it, and fail, saying so, only
+    when a bounded search finds too few."""
+    found = []
+    for seed in range(SEED_SEARCH):
         target, a, b, ids = near_tie_target(family, seed)
         plain = plain_greedy(target, ids, max_new_tokens=8)
-        scores = plain.scores[0]
-        assert plain.tokens[0] in (a, b)
-        assert abs(float(scores[a] - scores[b])) <= tie_bound(scores, torch.float32), (family, seed)
+        first, scores = plain.tokens[0], plain.scores[0]
+        if first not in (a, b):
+            continue
+        other = b if first == a else a
+        if wanted(float(scores[first] - scores[other]), scores):
+            found.append((seed, target, a, b, ids, plain))
+            if len(found) == count:
+                return found
+    raise AssertionError(f"{family}: only {len(found)} of {count} near-ties of the kind wanted among "
+                         f"{SEED_SEARCH} seeds on this CPU: the construction no longer makes them here")
+
+
+def within_bound(gap: float, scores: torch.Tensor) -> bool:
+    return abs(gap) <= tie_bound(scores, torch.float32)
+
+
+def split_by_an_ulp_or_two(gap: float, scores: torch.Tensor) -> bool:
+    """Plain's own token ahead by a unit or two in the last place: a near-tie, not an exact one, that a
+    nudge of 4 units to the other token reverses."""
+    return 0 < gap and gap_in_ulps(gap, scores, torch.float32) <= 2 and within_bound(gap, scores)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gpt2"])
+def test_float32_near_ties_engineered_in_the_lm_head_are_ties_never_mismatches(family):
+    """opttree's output on float32 targets with a near-tie (within float32's bound in plain's own scores)
+    at the first token: equal to plain's, or leaving it exactly there, between the two tied tokens, as a
+    TIE (on the AMD EPYC this was written on, 15 or 16 of 36 runs split: the CPU kernel's timed choices
+    vary from run to run). Six such targets per family, found on this CPU (:func:`near_ties`)."""
+    for seed, target, a, b, ids, plain in near_ties(family, within_bound, count=6):
         for nodes in (1, 8):
             tokens = opttree_tokens(target, target, ids, max_new_tokens=8, nodes_=nodes)
             verdict = check_greedy(target, ids, tokens, max_new_tokens=8, plain=plain)
@@ -241,17 +273,16 @@ def test_float32_near_ties_engineered_in_the_lm_head_are_ties_never_mismatches(f
 
 def test_a_float32_near_tie_split_the_other_way_is_a_tie_and_a_far_token_a_mismatch(monkeypatch):
     """The split made certain: the walk adds 4 float32 units to the token plain did not take. Plain's
-    gap there is not zero (a near-tie, not an exact one) and is a tie; a token far below plain's at the
-    same step is a mismatch (negative control)."""
-    target, a, b, ids = near_tie_target("llama", 0)
-    plain = plain_greedy(target, ids, max_new_tokens=8)
+    gap there is not zero (a near-tie, not an exact one: found on this CPU, :func:`near_ties`) and is a
+    tie; a token far below plain's at the same step is a mismatch (negative control)."""
+    ((seed, target, a, b, ids, plain),) = near_ties("llama", split_by_an_ulp_or_two, count=1)
     first, scores = plain.tokens[0], plain.scores[0]
     other = b if first == a else a
     gap = float(scores[first] - scores[other])
     assert 0 < gap <= tie_bound(scores, torch.float32)
     monkeypatch.setattr(generation, "greedy_walk", nudged_walk(other, ulps=4))
     tokens = opttree_tokens(target, target, ids, max_new_tokens=8)
-    assert tokens[0] == other
+    assert tokens[0] == other, seed
     verdict = check_greedy(target, ids, tokens, max_new_tokens=8)
     assert verdict.outcome is Outcome.TIE and len(verdict.ties) == 1, verdict.describe()
     assert (verdict.ties[0].expected, verdict.ties[0].got, verdict.ties[0].gap) == (first, other, gap)
@@ -259,6 +290,13 @@ def test_a_float32_near_tie_split_the_other_way_is_a_tie_and_a_far_token_a_misma
     wrong = check_greedy(target, ids, [far] + tokens[1:], max_new_tokens=8, plain=plain)
     assert wrong.outcome is Outcome.MISMATCH and wrong.mismatch.step == 0
     assert wrong.mismatch.gap > 1000 * wrong.mismatch.bound
+
+
+def test_the_near_tie_search_says_so_when_this_cpu_gives_none():
+    """The search's own negative control: a precondition no seed can meet fails with its reason, never
+    passes by finding nothing to check."""
+    with pytest.raises(AssertionError, match="near-ties of the kind wanted among"):
+        near_ties("llama", lambda gap, scores: False, count=1)
 
 
 # -- negative controls: what the rule must not excuse ----------------------------------------------

@@ -254,6 +254,7 @@ def calibrate(target, drafter=None, new_drafter: Callable[[], object] | None = N
                 latency = measure(target, new_drafter, prefix, forward, hidden=drafter.wants_hidden_states)
             if mode != "off":
                 write_cached(key, latency, folder)
+        latency.calibrated = json.loads(json.dumps(to_json(latency)))  # as a file holds it: sampled calls plan from it
         with _pairs_lock:
             _PAIRS[digest] = latency
         return latency
@@ -273,15 +274,25 @@ def calibration_prefix(target, drafter=None) -> int | None:
 
 
 def policy_maker(config: TreeConfig, target, drafter=None, new_drafter: Callable[[], object] | None = None,
-                 forward=None) -> Callable[[], BudgetPolicy]:
+                 forward=None, *, sampling: bool = False) -> Callable[[], BudgetPolicy]:
     """Makes the step policy of each batch row for ``config``: :class:`FixedPolicy`, or for
     ``nodes``/``threshold="auto"`` an :class:`AutoPolicy` on the latency model of ``target`` and
     the drafter (see :func:`calibrate`: measured once, through ``forward``, shared by every row and
-    later call)."""
+    later call, and refreshed by their timings). ``sampling``: the call samples, so its trees must not
+    depend on the clock nor on earlier calls (DESIGN.md, *Seeded sampling repeats*): its rows share
+    one copy of the calibration as measured (:func:`as_calibrated`) and plan untimed."""
     if config.nodes != "auto" and config.threshold != "auto":
         return lambda: FixedPolicy(config)
     latency = calibrate(target, drafter, new_drafter, forward=forward)
+    if sampling:
+        own = as_calibrated(latency)
+        return lambda: AutoPolicy(config, own, timed=False)
     return lambda: AutoPolicy(config, latency)
+
+
+def as_calibrated(latency: LatencyModel) -> LatencyModel:
+    """A new model of the pair as its calibration measured it, whatever steps have refreshed since."""
+    return from_json(latency.calibrated if latency.calibrated is not None else json.loads(json.dumps(to_json(latency))))
 
 
 def make_policy(config: TreeConfig, target, drafter=None, new_drafter: Callable[[], object] | None = None) -> BudgetPolicy:
@@ -289,7 +300,7 @@ def make_policy(config: TreeConfig, target, drafter=None, new_drafter: Callable[
     return policy_maker(config, target, drafter, new_drafter)()
 
 
-__all__ = ["CALIBRATION_VERSION", "MIN_CALIBRATION_PREFIX", "cache_dir", "cache_mode", "calibrate", "calibration_key",
+__all__ = ["CALIBRATION_VERSION", "MIN_CALIBRATION_PREFIX", "as_calibrated", "cache_dir", "cache_mode", "calibrate", "calibration_key",
            "calibration_prefix", "clear_calibrations", "drafter_fingerprint", "forward_kind", "from_json",
            "known_latency", "make_policy", "measure", "model_fingerprint", "policy_maker", "read_cached", "to_json",
            "with_fitted_sizes", "write_cached"]

@@ -142,6 +142,9 @@ class LatencyModel:
     reliability: ReliabilityMap = dataclasses.field(default_factory=ReliabilityMap, repr=False, compare=False)
     # held by every refresh: concurrent decodes of one pair share this object (opttree.budget.calibration)
     lock: threading.RLock = dataclasses.field(default_factory=threading.RLock, repr=False, compare=False)
+    # the calibration as measured or read (calibration.to_json's form), before any step refreshed it: what a
+    # sampled call plans from (opttree.budget.calibration.as_calibrated); None: not from a calibration
+    calibrated: dict | None = dataclasses.field(default=None, repr=False, compare=False)
     # (verify table, scale, offset, overhead) -> [>= AUTO_MAX_NODES] T(1 …) + overhead; see step_times
     _times: tuple | None = dataclasses.field(default=None, init=False, repr=False, compare=False)
 
@@ -322,25 +325,35 @@ def largest_tree(config: TreeConfig) -> int:
 
 
 class AutoPolicy:
-    """``nodes="auto"`` and/or ``threshold="auto"`` against a measured :class:`LatencyModel`."""
+    """``nodes="auto"`` and/or ``threshold="auto"`` against a measured :class:`LatencyModel`.
 
-    def __init__(self, config: TreeConfig, latency: LatencyModel, clock: Callable[[], float] = time.perf_counter):
-        """clock: seconds, for the step's drafting time so far (tests pass a fake machine's)."""
+    ``timed=False`` (a sampled call's policy, see :func:`opttree.budget.calibration.policy_maker`):
+    every decision is a function of the step's tree and ``latency`` alone, so the same call draws the
+    same random numbers (DESIGN.md, *Seeded sampling repeats*): the drafting time so far is the model's
+    price of what was drafted (the catch-up, then c(w) of each layer granted), not the clock's, and a
+    step's measured times are not learnt (its acceptances are: deterministic given the draws)."""
+
+    def __init__(self, config: TreeConfig, latency: LatencyModel, clock: Callable[[], float] | None = None,
+                 *, timed: bool = True):
+        """clock: seconds, for the step's drafting time so far (tests pass a fake machine's; default
+        time.perf_counter, read at each call)."""
         self.config = config
         self.latency = latency
-        self.clock = clock
+        self.clock = clock or (lambda: time.perf_counter())
+        self.timed = timed  # the loop times the step's phases (device syncs) only for a timed policy
         self.auto_nodes = config.nodes == "auto"
         self.auto_threshold = config.threshold == "auto"
         self.max_nodes = largest_tree(config)
         self.threshold = 0.0 if self.auto_threshold else config.threshold  # with "auto", `grow` decides
-        self._start = clock()
+        self._start = self.clock()
+        self._priced = latency.root_seconds  # untimed: the model's drafting time of the step so far
         # the recent tree size, shared by later calls with the same settings (not by other settings)
         self.setting = f"{config.strategy}/{config.nodes}/{config.threshold}/{config.max_depth}"
         self.mean_size = latency.mean_sizes.get(self.setting, START_SIZE)
 
     def spent(self) -> float:
-        """Seconds since the step's plan: its drafting time so far."""
-        return self.clock() - self._start
+        """Seconds of drafting in this step so far: since the plan (timed), or as the model prices it."""
+        return self.clock() - self._start if self.timed else self._priced
 
     def verify_rows(self, nodes: int) -> int:
         """The rows a tree of ``nodes`` nodes is verified at: the measured cheapest size that holds it."""
@@ -348,6 +361,7 @@ class AutoPolicy:
 
     def plan(self) -> StepPlan:
         self._start = self.clock()
+        self._priced = self.latency.root_seconds
         return StepPlan(
             nodes=self.max_nodes,
             threshold=self.threshold,
@@ -357,16 +371,20 @@ class AutoPolicy:
         )
 
     def _grow(self, state: LayerState) -> bool:
-        return layer_pays(state, self.latency, self.spent(), self.max_nodes)
+        pays = layer_pays(state, self.latency, self.spent(), self.max_nodes)
+        if pays:
+            self._priced += self.latency.layer_time(state.next_width)
+        return pays
 
     def _size(self, path_probs: torch.Tensor) -> int:
         return best_size(path_probs, self.latency, self.spent(), self.max_nodes)
 
     def observe(self, step) -> None:
-        rest = self.spent() - step.draft_seconds - step.verify_seconds  # since plan(): the whole step
         with self.latency.lock:
-            self.latency.overhead += REFRESH * (max(rest, 0.0) - self.latency.overhead)
-            self.latency.observe(step)
+            if self.timed:
+                rest = self.spent() - step.draft_seconds - step.verify_seconds  # since plan(): the whole step
+                self.latency.overhead += REFRESH * (max(rest, 0.0) - self.latency.overhead)
+                self.latency.observe(step)
             if step.tree is not None and step.accepted_nodes is not None and len(step.tree) > 0:
                 accepted = torch.zeros(len(step.tree), dtype=torch.bool)
                 accepted[step.accepted_nodes] = True
@@ -374,7 +392,6 @@ class AutoPolicy:
             if step.tree_size > 0:
                 self.mean_size += SIZE_REFRESH * (step.tree_size - self.mean_size)
                 self.latency.mean_sizes[self.setting] = self.mean_size
-
 
 
 __all__ = ["AUTO_MAX_NODES", "AffineFit", "AutoPolicy", "LatencyModel", "LatencyTable", "MIN_WIDTH", "REFRESH",

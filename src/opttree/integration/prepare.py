@@ -119,7 +119,8 @@ def prepare(model, call: GenerateCall, options: Options) -> DecodeCall:
         check_cache(each, need)
     # nodes/threshold="auto": measure this machine (a scratch drafter of the same kind is timed): the only
     # forwards before decoding, after every check
-    policy = calibration.policy_maker(config, model, drafter, drafter.fresh, forward=verify)  # timed as it runs
+    policy = calibration.policy_maker(config, model, drafter, drafter.fresh, forward=verify,  # timed as it runs
+                                      sampling=sampling)
     opened = open_cache(cache, need)
     pad = config_in._pad_token_tensor
     settings = DecodeSettings(

@@ -225,7 +225,7 @@ def speculative_decode(target, drafter: Drafter | DrafterRows, input_ids: torch.
     every_row = list(rows)
     for row in rows:
         row.stats.prompt_tokens = len(row.tokens)
-    timed = any(not isinstance(row.policy, FixedPolicy) for row in rows)  # "auto" learns from device times
+    timed = any(row.policy.timed for row in rows)  # "auto" learns from device times (not a sampled call's)
     wants_hidden = drafters.wants_hidden_states  # the drafter reads the target's features
     batched = count > 1 and len(settings.logits_processor or []) > 0  # processors see row b at its batch index
     walk = walker(settings, want_rows,

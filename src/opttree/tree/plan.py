@@ -45,6 +45,7 @@ class StepPlan:
 
 class BudgetPolicy(Protocol):
     max_nodes: int  # the largest tree any step will verify (what caches must make room for)
+    timed: bool  # it learns from the step's measured times (the loop then syncs the device to time them)
 
     def plan(self) -> StepPlan:
         """Called at the start of each step, before the drafter's first call."""
@@ -59,6 +60,8 @@ class BudgetPolicy(Protocol):
 
 class FixedPolicy:
     """``nodes`` and ``threshold`` as given: OPT-Tree's rule, nothing measured."""
+
+    timed = False
 
     def __init__(self, config: TreeConfig):
         self.config = config
