@@ -61,9 +61,85 @@ def test_the_capped_cpu_refuses_onednns_bfloat16():
     assert ("onednn" in uncapped["bf16_candidates"]) == uncapped["onednn_bf16"]
 
 
+def cpu_flags() -> set[str]:
+    try:
+        info = open("/proc/cpuinfo").read()
+    except OSError:
+        return set()
+    return set(next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), []))
+
+
+def kernel_paths() -> list[tuple[str, dict[str, str]]]:
+    """The kernel paths this machine can be told to take, every value of every knob in at least one run
+    (not their product: each run costs the choice tests' ~40 s): torch's vector ISA
+    (``ATEN_CPU_CAPABILITY``: "default", i.e. no vectors; avx2 in :data:`AVX2_ONLY`; avx512, where the CPU
+    has it, is the suite's own run), MKL's float32 GEMM as on a CPU without AVX-512 (an AMD CPU always
+    runs MKL so), oneDNN's ISA below this CPU's (AVX2; AVX-512 without bfloat16; AVX-512 with bfloat16
+    but no AMX, as a Zen 4 runs), and opttree's kernel forced to each candidate (``OPTTREE_LINEAR``),
+    one candidate per ISA run. :data:`AVX2_ONLY` keeps opttree's own choice (``auto``), the path that
+    broke on a Zen 3. Each changes how some product rounds: a test whose outcome depends on one
+    CPU's rounding fails under one of them."""
+    from opttree.kernels.linears import KERNELS
+
+    flags = cpu_flags()
+    isas = [("aten-no-vectors", {"ATEN_CPU_CAPABILITY": "default"})]
+    if "avx512f" in flags:
+        isas.append(("mkl-avx2", {"MKL_ENABLE_INSTRUCTIONS": "AVX2"}))
+    if "avx512bw" in flags:
+        isas.append(("onednn-avx512-no-bf16", {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE"}))
+    if "amx_bf16" in flags:
+        isas.append(("onednn-avx512-bf16-no-amx", {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}))
+    kernels = [(f"kernel-{name}", {"OPTTREE_LINEAR": name}) for name in KERNELS]
+    paths = [("avx2-only", AVX2_ONLY)]
+    for i in range(max(len(isas), len(kernels))):
+        parts = [each[i] for each in (isas, kernels) if i < len(each)]
+        paths.append(("+".join(name for name, _ in parts), {k: v for _, env in parts for k, v in env.items()}))
+    return paths
+
+
+def run_choice_tests(caps: dict[str, str], tests: list[str] = CHOICE_TESTS) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p", "no:cacheprovider", *tests]
+    return subprocess.run(cmd, cwd=TESTS, env={**os.environ, **caps}, capture_output=True, text=True, timeout=900)
+
+
 @pytest.mark.slow
-def test_the_kernel_and_dtype_choice_tests_pass_as_on_an_avx2_only_cpu():
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p", "no:cacheprovider", *CHOICE_TESTS]
-    out = subprocess.run(cmd, cwd=TESTS, env={**os.environ, **AVX2_ONLY}, capture_output=True, text=True,
-                         timeout=900)
-    assert out.returncode == 0, out.stdout[-4000:]
+@pytest.mark.parametrize("name, caps", kernel_paths(), ids=[name for name, _ in kernel_paths()])
+def test_the_rounding_sensitive_tests_pass_on_every_kernel_path(name, caps):
+    """The kernel-, dtype- and rounding-sensitive tests under each path :func:`kernel_paths` offers.
+    Negative control (found by running the test_ties.py of ed27e1c under these paths on an AMX Xeon,
+    model 167): its float32 near-tie test assumed seed 0's plain logits differ, which held on a Zen 4 and
+    under ``onednn-avx512-bf16-no-amx`` but not on the AMX Xeon's own path: see
+    :func:`test_a_test_that_assumes_one_cpus_rounding_fails_on_some_path`."""
+    out = run_choice_tests(caps)
+    assert out.returncode == 0, f"{name} ({caps}):\n" + out.stdout[-4000:]
+
+
+GAPS = """
+import json, sys
+sys.path.insert(0, %r)
+import torch
+torch.set_num_threads(1)
+from opttree.tools.ties import plain_greedy
+from test_ties import near_tie_target
+gaps = []
+for seed in range(4):
+    target, a, b, ids = near_tie_target("llama", seed)
+    plain = plain_greedy(target, ids, max_new_tokens=1)
+    other = b if plain.tokens[0] == a else a
+    gaps.append(float(plain.scores[0][plain.tokens[0]] - plain.scores[0][other]))
+print(json.dumps({"gaps": gaps}))
+""" % str(TESTS)
+
+
+@pytest.mark.slow
+def test_a_test_that_assumes_one_cpus_rounding_fails_on_some_path():
+    """The guard's negative control. ed27e1c's float32 near-tie test assumed that seed 0's two engineered
+    logits come out unequal in plain decoding (gap > 0): true on the Zen 4 it was written on, false on
+    an AMX Xeon (model 167), where it failed. On that Xeon the paths disagree: this CPU's own gives 0 for
+    seed 0, ``aten-no-vectors`` 1.5e-8; so the guard, run there, fails the old test on a path (this
+    test) and passes it on another. Shown on a CPU with AMX; elsewhere the gaps are reported."""
+    gaps = {name: run_python(GAPS, caps)["gaps"] for name, caps in [("this cpu", {})] + kernel_paths()}
+    if "amx_bf16" not in cpu_flags():
+        pytest.skip(f"shown on a CPU with AMX (a named CPU feature); the first 4 seeds' gaps per path: {gaps}")
+    seed_0 = {name: each[0] for name, each in gaps.items()}
+    assert seed_0["this cpu"] == 0 and any(gap > 0 for gap in seed_0.values()), gaps
