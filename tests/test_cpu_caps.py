@@ -1,4 +1,10 @@
-"""The kernel- and dtype-choice tests, run as an AVX2-only CPU would run them, on any machine.
+"""The kernel-, dtype- and rounding-sensitive tests, run on every kernel path this machine can take.
+
+Three CPU kinds each broke the suite once (a bf16 equality that held only on AMX; 32 oneDNN bfloat16
+cases on an AVX2-only Zen 3; a float32 near-tie test that assumed a nonzero gap, false on an AMX
+Xeon). The guard: :func:`kernel_paths` runs :data:`CHOICE_TESTS` under each ISA cap torch, MKL and
+oneDNN take from the environment and with each of opttree's kernels forced, so a test whose outcome
+hangs on one CPU's rounding fails on any machine. The AVX2-only path in detail:
 
 torch and oneDNN take caps from the environment (:data:`AVX2_ONLY`). Measured on an AMD EPYC Zen 4
 (AVX-512 with AVX512-BF16), torch 2.13.0: ``ONEDNN_MAX_CPU_ISA=AVX2`` makes oneDNN refuse bfloat16
@@ -24,9 +30,9 @@ import pytest
 
 TESTS = Path(__file__).parent
 AVX2_ONLY = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
-# The tests whose outcome depends on which kernels and dtypes this CPU offers.
+# The tests whose outcome depends on which kernels and dtypes this CPU offers, or on how it rounds.
 CHOICE_TESTS = ["test_linears.py", "test_draft_dtype.py", "test_distill_precision.py",
-                "test_low_precision_loading.py", "test_ties.py"]
+                "test_low_precision_loading.py", "test_ties.py", "test_devices.py"]
 
 PROBE = """
 import json, torch
