@@ -100,7 +100,8 @@ def test_a_row_with_no_token_is_refused_as_empty_not_as_right_padding():
     batch = ids(batch=2)
     mask = torch.ones_like(batch)
     mask[1] = 0
-    with pytest.raises(ValueError, match=r"hides every token of row 1: .*drop it from the batch, or give it at least one unmasked token") as error:
+    words = r"hides every token of row 1: .*drop it from the batch, or give it at least one unmasked token"
+    with pytest.raises(ValueError, match=words) as error:
         run(target, target, batch, attention_mask=mask, nodes=4)
     assert "padding_side" not in str(error.value) and "\n" not in str(error.value)
     with pytest.raises(ValueError, match=r"hides every token of rows 0, 1: .*drop them from the batch"):
