@@ -17,7 +17,12 @@ def source_model(family: str, seed: int = 0, hidden: int = 96, heads: int = 6, k
     common = dict(vocab_size=VOCAB, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
                   num_key_value_heads=kv, intermediate_size=2 * hidden + 8, max_position_embeddings=256,
                   rms_norm_eps=1e-5)
-    config = tf.LlamaConfig(**common, attention_bias=bias, mlp_bias=bias) if family == "llama" else tf.Qwen2Config(**common)
+    if family == "llama":
+        config = tf.LlamaConfig(**common, attention_bias=bias, mlp_bias=bias)
+    elif family == "mistral":
+        config = tf.MistralConfig(**common, sliding_window=None)
+    else:
+        config = tf.Qwen2Config(**common)
     config._attn_implementation = "sdpa"
     model = tf.AutoModelForCausalLM.from_config(config).eval()
     with torch.no_grad():  # norms away from 1 and biases away from 0, so a wrong rescaling or placement shows
@@ -33,10 +38,13 @@ def source_model(family: str, seed: int = 0, hidden: int = 96, heads: int = 6, k
 BIG = Shape(hidden_size=512, intermediate_size=600, num_attention_heads=32, num_key_value_heads=8, num_hidden_layers=5)
 CASES = [("llama", dict(), BIG),
          ("llama", dict(bias=True, heads=4, kv=4), Shape(256, 300, 8, 8, 4)),  # biases; one query head per group
-         ("qwen2", dict(), Shape(384, 400, 12, 4, 3))]  # query/key/value biases; wider, same depth
+         ("qwen2", dict(), Shape(384, 400, 12, 4, 3)),  # query/key/value biases; wider, same depth
+         ("qwen2", dict(), Shape(384, 400, 12, 4, 5)),  # deeper: its config's layer_types must grow with it
+         ("mistral", dict(), Shape(384, 400, 12, 4, 6))]
+CASE_IDS = ["llama", "llama-bias", "qwen2", "qwen2-deeper", "mistral-deeper"]
 
 
-@pytest.mark.parametrize("family, kwargs, shape", CASES, ids=["llama", "llama-bias", "qwen2"])
+@pytest.mark.parametrize("family, kwargs, shape", CASES, ids=CASE_IDS)
 def test_the_inflated_model_computes_what_its_source_computes(family, kwargs, shape):
     small = source_model(family, **kwargs)
     big = inflate(small, shape)
@@ -51,6 +59,45 @@ def test_the_inflated_model_computes_what_its_source_computes(family, kwargs, sh
     prompt = tokens[:1, :6]
     plain = small.generate(prompt, max_new_tokens=24, do_sample=False)
     assert torch.equal(big.generate(prompt, max_new_tokens=24, do_sample=False), plain)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral"])
+def test_a_deeper_inflated_target_gives_plain_s_greedy_tokens_through_opttree(family):
+    """More layers than the source (qwen2's config carries one layer type per layer: before, its
+    source's list was copied and transformers refused the config). Through opttree, with the source as
+    the draft, the inflated target writes the source's plain greedy tokens. Control: an added layer
+    that computed something (random weights instead of zeros) would change the logits."""
+    from opttree import speculative_generate
+
+    small = peaked(source_model(family, seed=4), 3.0)
+    big = inflate(small, Shape(192, 240, 12, 4, 5))
+    assert len(big.model.layers) == big.config.num_hidden_layers == 5
+    if family == "qwen2":
+        assert big.config.layer_types == ["full_attention"] * 5 and small.config.layer_types == ["full_attention"] * 3
+    prompt = torch.tensor([[3, 17, 42, 8, 9, 33]])
+    plain = small.generate(prompt, max_new_tokens=20, do_sample=False)
+    out = big.generate(prompt, custom_generate=speculative_generate, draft_model=small, nodes=6, max_new_tokens=20,
+                       do_sample=False, return_dict_in_generate=True)
+    assert out.sequences.tolist() == plain.tolist()
+    assert max(out.stats.accept_lengths) > 1  # the draft is accepted beyond the root: the tree did the work
+    with torch.no_grad():
+        for p in big.model.layers[-1].parameters():
+            p.normal_(0, 0.5)
+        assert not torch.allclose(big(prompt).logits, small(prompt).logits, rtol=1e-4, atol=1e-4)
+
+
+def test_an_added_layer_of_another_kind_is_refused_by_name():
+    """check_layer_types: the config derives the new depth's layer types by its family's rule; where
+    that rule would make an added layer slide, inflate() refuses (it takes full attention only)."""
+    from opttree.inflate import check_layer_types
+
+    source = tf.Qwen2Config(num_hidden_layers=3)
+    check_layer_types(source, tf.Qwen2Config(num_hidden_layers=5))  # full attention throughout: fine
+    sliding = tf.Qwen2Config(num_hidden_layers=5, use_sliding_window=True, sliding_window=16, max_window_layers=3)
+    assert sliding.layer_types[3:] == ["sliding_attention"] * 2
+    with pytest.raises(ValueError, match="cannot give this qwen2 model 5 layers: .*sliding_attention"):
+        check_layer_types(source, sliding)
+    check_layer_types(tf.LlamaConfig(num_hidden_layers=3), tf.LlamaConfig(num_hidden_layers=5))  # no layer_types
 
 
 def test_a_wrong_rescaling_would_show():

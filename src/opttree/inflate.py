@@ -128,14 +128,33 @@ def check_bigger(source: Shape, shape: Shape) -> None:
 
 def inflated_config(config, shape: Shape):
     """The inflated model's config: ``config`` with ``shape``, the source's head size, the norms' eps
-    scaled, and the source's shape recorded."""
+    scaled, and the source's shape recorded. Its per-layer ``layer_types`` are not the source's list
+    (one entry per source layer) but derived again by the config for the new depth, by its family's
+    own rule, then checked by :func:`check_layer_types`."""
     c = text_config(config)
     source = shape_of(c)
     fields = {**c.to_dict(), **asdict(shape), "head_dim": head_dim(c),
               "rms_norm_eps": c.rms_norm_eps * source.hidden_size / shape.hidden_size,
               INFLATED_FROM: {**asdict(source), "rms_norm_eps": c.rms_norm_eps}}
     fields.pop("quantization_config", None)  # the stand-in is a dense model in the dtype asked
-    return type(c)(**fields)
+    fields.pop("layer_types", None)  # one entry per source layer: the config derives the new depth's
+    inflated = type(c)(**fields)
+    check_layer_types(c, inflated)
+    return inflated
+
+
+def check_layer_types(source, inflated) -> None:
+    """The inflated config's layer types are the source's, then full attention for each added layer
+    (inflate() takes full-attention models only: an added layer of another kind would change the cost,
+    and the masks opttree builds). Configs without ``layer_types`` pass."""
+    before = getattr(source, "layer_types", None)
+    if before is None:
+        return
+    after = list(getattr(inflated, "layer_types", None) or [])
+    want = list(before) + ["full_attention"] * (inflated.num_hidden_layers - len(before))
+    if after != want:
+        raise ValueError(f"inflate() cannot give this {source.model_type} model {inflated.num_hidden_layers} layers: "
+                         f"its config derives layer_types {after}, not the source's {list(before)} then full attention")
 
 
 def parameter_bytes(config, dtype: torch.dtype, model_class) -> int:
@@ -242,5 +261,5 @@ def inflate(model, size: str | Shape, *, dtype: torch.dtype | None = None, devic
     return big.eval()
 
 
-__all__ = ["LLAMA_TYPES", "SIZES", "Shape", "check_bigger", "check_llama_shaped", "inflate", "inflated_config",
-           "parameter_bytes", "parse_size"]
+__all__ = ["LLAMA_TYPES", "SIZES", "Shape", "check_bigger", "check_layer_types", "check_llama_shaped", "inflate",
+           "inflated_config", "parameter_bytes", "parse_size"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import sys
@@ -14,7 +15,7 @@ import torch
 
 from ..drafters.make import is_draft_model
 from ..tree.config import STRATEGIES, VERIFIERS
-from .methods import COMPILED, COMPILED_METHODS, FAST, HF_METHODS, METHODS, parse_tree_spec
+from .methods import KNOWN_METHODS, METHODS, check_methods, check_trees, parse_tree_spec
 from .questions import CATEGORIES, QUICK_QUESTIONS, SPEC_BENCH_URL, TASKS, load_questions, select_questions
 
 logger = logging.getLogger("opttree.bench")
@@ -31,6 +32,42 @@ def _or_auto(cast):
     return convert
 
 
+def _whole(low: int, high: int | None = None, words: str = ""):
+    """An argparse type: a whole number from ``low`` to ``high`` (None: no bound), else the error says so."""
+    def convert(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < low or (high is not None and value > high):
+            span = f">= {low}" if high is None else f"from {low} to {high}"
+            raise argparse.ArgumentTypeError(f"give a whole number {span}{words}, not {text!r}")
+        return value
+
+    return convert
+
+
+SEED = _whole(-2**63, 2**64 - 1, " (torch.manual_seed's range)")
+
+
+def _share(text: str) -> float:
+    """An argparse type: a number in [0, 1]."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = None
+    if value is None or not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"give a number in [0, 1] (the n-gram drafter's share of q), not {text!r}")
+    return value
+
+
+class Parser(argparse.ArgumentParser):
+    """Errors in one line, naming the fix (argparse's own print the whole usage first)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {' '.join(str(message).split())}\n")
+
+
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Shows a default where there is one (never "(default: None)"; those say it in words)."""
 
@@ -40,12 +77,8 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
-ALL_METHODS = (tuple(x for m in HF_METHODS for x in (m, f"{m}{FAST}")) + ("opttree", "opttree-lookup")
-               + tuple(f"{m}{COMPILED}" for m in COMPILED_METHODS))
-
-
 def parser(prog: str = "python -m opttree.bench") -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog=prog,
         description="Spec-Bench for YOUR model pair: plain generate(), HF assisted generation, HF prompt "
                     "lookup and opttree side by side (greedy, batch 1), interleaved per prompt, every output "
@@ -70,21 +103,21 @@ def parser(prog: str = "python -m opttree.bench") -> argparse.ArgumentParser:
     p.add_argument("--assistant", default=None,
                    help="the draft for HF assisted generation when --draft is an EAGLE-style feature head "
                         "(same forms as --draft; default: --draft itself)")
-    p.add_argument("--mix-lookup", type=float, default=None, metavar="WEIGHT",
+    p.add_argument("--mix-lookup", type=_share, default=None, metavar="WEIGHT",
                    help="opttree drafts with the draft AND prompt lookup mixed (opttree.drafters.MixedDrafter, "
                         "this n-gram weight where the text matched)")
     p.add_argument("--methods", default=",".join(METHODS),
-                   help=f"comma-separated, from: {', '.join(ALL_METHODS)}; -fast: the HF method under opttree's "
+                   help=f"comma-separated, from: {', '.join(KNOWN_METHODS)}; -fast: the HF method under opttree's "
                         "linears' kernels (plain at its fastest here); -compiled: over a static cache, compiled as "
                         "generate() compiles (HF's fast path; on every device); plain is always run")
     p.add_argument("--categories", default=None,
                    help=f"comma-separated Spec-Bench tasks ({', '.join(TASKS)}) or file categories "
                         f"({', '.join(CATEGORIES[:3])}, ...); default: the six tasks (the shipped questions: "
                         "all 13 categories)")
-    p.add_argument("--per-category", type=int, default=None, help="questions per category; default: all")
-    p.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per answer; --quick: 16")
-    p.add_argument("--max-turns", type=int, default=None, help="turns per question; default: all")
-    p.add_argument("--warmup", type=int, default=1, help="untimed runs of every method before measuring")
+    p.add_argument("--per-category", type=_whole(1), default=None, help="questions per category; default: all")
+    p.add_argument("--max-new-tokens", type=_whole(1), default=128, help="new tokens per answer; --quick: 16")
+    p.add_argument("--max-turns", type=_whole(1), default=None, help="turns per question; default: all")
+    p.add_argument("--warmup", type=_whole(0), default=1, help="untimed runs of every method before measuring")
     tree = p.add_argument_group("opttree's tree (none given: nodes and threshold 'auto', "
                                 "see opttree.integration.defaults)")
     tree.add_argument("--nodes", type=_or_auto(int), default=None, help="node budget, or 'auto'")
@@ -96,8 +129,8 @@ def parser(prog: str = "python -m opttree.bench") -> argparse.ArgumentParser:
                       help="one more opttree method with these settings, e.g. 'nodes=16,threshold=0.2' (repeatable); "
                            "'compiled=1' in it: over the compiled path, as opttree-compiled")
     hf = p.add_argument_group("HF methods")
-    hf.add_argument("--prompt-lookup", type=int, default=10, help="prompt_lookup_num_tokens")
-    hf.add_argument("--assistant-tokens", type=int, default=None, help="num_assistant_tokens (HF default 20)")
+    hf.add_argument("--prompt-lookup", type=_whole(1), default=10, help="prompt_lookup_num_tokens")
+    hf.add_argument("--assistant-tokens", type=_whole(1), default=None, help="num_assistant_tokens (HF default 20)")
     hf.add_argument("--assistant-schedule", default=None, choices=("heuristic", "heuristic_transient", "constant"),
                     help="num_assistant_tokens_schedule (HF default heuristic)")
     run = p.add_argument_group("run")
@@ -106,8 +139,8 @@ def parser(prog: str = "python -m opttree.bench") -> argparse.ArgumentParser:
                      help="dtype of --draft (default: --dtype); auto: float32 or bfloat16, whichever a short probe "
                           "runs faster on this machine (bfloat16 on a GPU that has it; opttree.loading.draft_dtype)")
     run.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (auto: cuda if present)")
-    run.add_argument("--threads", type=int, default=None, help="torch threads; default: torch's")
-    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--threads", type=_whole(1), default=None, help="torch threads; default: torch's")
+    run.add_argument("--seed", type=SEED, default=0)
     run.add_argument("--compile-backend", default="inductor", choices=("inductor", "eager"),
                      help="torch.compile's backend for the -compiled methods (eager: the same graphs traced, no code "
                           "generated: a quick dry run of a GPU job on a CPU)")
@@ -119,12 +152,51 @@ def parser(prog: str = "python -m opttree.bench") -> argparse.ArgumentParser:
     return p
 
 
+@contextlib.contextmanager
+def one_line(usage: argparse.ArgumentParser, what: str):
+    """A model that does not load (a Hub id the Hub lacks, truncated:N past the target's layers, a stand-in
+    too big for the device) ends the command with one line naming ``what`` and why, not a traceback."""
+    try:
+        yield
+    except (OSError, ValueError, MemoryError) as error:
+        usage.error(f"{what}: {error}")
+
+
 def _apply_quick(args, argv: list[str]) -> None:
     """--quick sets what the user did not set explicitly."""
     given = {a.split("=", 1)[0] for a in argv if a.startswith("--")}
     for key, value in QUICK.items():
         if "--" + key.replace("_", "-") not in given:
             setattr(args, key, value)
+
+
+def check_out(out: str | None) -> None:
+    """ValueError where ``--out`` names something that is not a folder (it is made where missing)."""
+    if out is not None and Path(out).exists() and not Path(out).is_dir():
+        raise ValueError(f"--out {out}: a file, not a folder; give a folder (made where missing)")
+
+
+def checked(args) -> tuple:
+    """Every argument that can be checked before a model loads, checked (ValueError or OSError naming the
+    fix): -> (questions, methods, extra_trees, tree, device)."""
+    from .models import check_draft_spec, check_target_spec, resolve_device  # (transformers: imported when run)
+
+    categories = [c.strip() for c in args.categories.split(",")] if args.categories else None
+    questions_file = args.questions or str(QUICK_QUESTIONS)
+    if args.questions is None:  # the shipped ones: all 13 categories
+        categories = categories or list(CATEGORIES)
+    questions = select_questions(load_questions(questions_file), categories, args.per_category)
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    check_methods(methods)
+    extra_trees = [parse_tree_spec(s) for s in args.opttree]
+    tree = {"nodes": args.nodes, "threshold": args.threshold, "max_depth": args.max_depth,
+            "strategy": args.strategy, "verifier": args.verifier}
+    check_trees({k: v for k, v in tree.items() if v is not None}, extra_trees)
+    check_target_spec(args.target)
+    check_draft_spec(args.draft, "--draft")
+    check_draft_spec(args.assistant, "--assistant")
+    check_out(args.out)
+    return questions, methods, extra_trees, tree, resolve_device(args.device)
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m opttree.bench") -> int:
@@ -134,33 +206,25 @@ def main(argv: list[str] | None = None, prog: str = "python -m opttree.bench") -
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     if args.quick:
         _apply_quick(args, argv)
+    try:  # every argument, before any model loads
+        questions, methods, extra_trees, tree, device = checked(args)
+    except (OSError, ValueError) as error:
+        usage.error(str(error))
+    if args.questions is None:
+        logger.info("no --questions: the 13 questions shipped with opttree (a quick try; for numbers to compare, "
+                    "pass Spec-Bench's file: %s)", SPEC_BENCH_URL)
+        args.questions = str(QUICK_QUESTIONS)
     if args.threads:
         torch.set_num_threads(args.threads)
     from . import methods as bench_methods
 
     bench_methods.COMPILE_BACKEND["backend"] = args.compile_backend
     torch.manual_seed(args.seed)
-    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     dtype = DTYPES[args.dtype]
 
     from .models import dtype_words, load_draft_model, load_target
     from .runner import run_bench
 
-    categories = [c.strip() for c in args.categories.split(",")] if args.categories else None
-    if args.questions is None:
-        logger.info("no --questions: the 13 questions shipped with opttree (a quick try; for numbers to compare, "
-                    "pass Spec-Bench's file: %s)", SPEC_BENCH_URL)
-        args.questions, categories = str(QUICK_QUESTIONS), categories or list(CATEGORIES)
-    try:
-        questions = select_questions(load_questions(args.questions), categories, args.per_category)
-        extra_trees = [parse_tree_spec(s) for s in args.opttree]
-    except (OSError, ValueError) as error:
-        usage.error(str(error))
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    try:
-        bench_methods.refuse_unsupported(methods)  # before any model loads
-    except ValueError as error:
-        usage.error(str(error))
     needs_draft = ("assisted", "assisted-fast", "assisted-compiled", "opttree", "opttree-compiled")
     if args.draft is None and (set(needs_draft) & set(methods) or extra_trees):
         logger.warning("no --draft given: skipping assisted and opttree (pass a distilled draft folder, or "
@@ -169,13 +233,16 @@ def main(argv: list[str] | None = None, prog: str = "python -m opttree.bench") -
         extra_trees = []
 
     t0 = time.perf_counter()
-    target, tokenizer = load_target(args.target, dtype, device)
+    with one_line(usage, f"--target {args.target}"):  # what from_pretrained or inflate() says of it
+        target, tokenizer = load_target(args.target, dtype, device)
     draft_dtype = DTYPES.get(args.draft_dtype, args.draft_dtype) if args.draft_dtype else dtype  # or "auto"
-    draft = load_draft_model(args.draft, target, draft_dtype, device)
+    with one_line(usage, f"--draft {args.draft}"):
+        draft = load_draft_model(args.draft, target, draft_dtype, device)
     draft_dtype_words = dtype_words(args.draft_dtype, draft)
     if draft_dtype_words:
         logger.info("draft dtype: %s", draft_dtype_words)
-    assistant = load_draft_model(args.assistant, target, dtype, device) if args.assistant else None
+    with one_line(usage, f"--assistant {args.assistant}"):
+        assistant = load_draft_model(args.assistant, target, dtype, device) if args.assistant else None
     if args.mix_lookup is not None and draft is not None:
         from ..drafters import MixedDrafter
 
@@ -188,8 +255,6 @@ def main(argv: list[str] | None = None, prog: str = "python -m opttree.bench") -
         methods = [m for m in methods if m not in uses_assistant]
     logger.info("models loaded in %.1f s; %d questions, methods %s", time.perf_counter() - t0, len(questions),
                 ", ".join(methods))
-    tree = {"nodes": args.nodes, "threshold": args.threshold, "max_depth": args.max_depth,
-            "strategy": args.strategy, "verifier": args.verifier}
     header = {"command": f"{prog} " + " ".join(argv), "target_spec": args.target,
               "draft_spec": args.draft, "draft_dtype": draft_dtype_words, "assistant_spec": args.assistant or (args.draft if uses_assistant & set(methods) else None), "questions_file": str(args.questions),
               "categories": ",".join(dict.fromkeys(q.group for q in questions)), "quick": args.quick}

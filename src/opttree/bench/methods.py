@@ -38,6 +38,8 @@ HF_METHODS = ("plain", "assisted", "lookup")  # each also as "<name>-fast"
 FAST = "-fast"  # an HF method under opttree's linears' kernels
 COMPILED = "-compiled"  # over a static cache, compiled as generate() compiles plain decoding
 COMPILED_METHODS = ("plain", "assisted", "opttree")  # each also as "<name>-compiled"
+KNOWN_METHODS = (tuple(x for m in HF_METHODS for x in (m, f"{m}{FAST}")) + ("opttree", "opttree-lookup")
+                 + tuple(f"{m}{COMPILED}" for m in COMPILED_METHODS))  # every name make_methods takes
 
 
 @dataclass
@@ -167,10 +169,7 @@ def opttree_method(target, draft, name: str = "opttree", extra: dict | None = No
     arguments (nodes, threshold, max_depth, strategy, verifier). ``draft`` may be a model or
     anything ``draft_model=`` accepts (e.g. ``"prompt_lookup"`` where that drafter exists);
     ``extra``: more generate() arguments (a static cache and a compile_config)."""
-    unknown = set(tree) - set(TREE_ARGS)
-    if unknown:
-        raise ValueError(f"unknown tree settings {sorted(unknown)}; known: {', '.join(TREE_ARGS)}")
-    config = resolve(TreeArguments.of(**tree))  # validates now; what one prompt runs with (opttree.integration.defaults)
+    config = tree_config(tree)  # validates now; what one prompt runs with (opttree.integration.defaults)
 
     def generate(input_ids, max_new_tokens):
         out = target.generate(input_ids, custom_generate=speculative_generate, draft_model=draft,
@@ -184,6 +183,27 @@ def opttree_method(target, draft, name: str = "opttree", extra: dict | None = No
     if isinstance(draft, str):
         settings["draft"] = draft
     return Method(name, generate, settings, uses_draft=not isinstance(draft, str))
+
+
+def tree_config(tree: dict):
+    """The TreeConfig one prompt runs with for these tree settings (None: left out); ValueError naming an
+    unknown setting, or a bad value and what is accepted (TreeConfig's own words)."""
+    unknown = set(tree) - set(TREE_ARGS)
+    if unknown:
+        raise ValueError(f"unknown tree settings {sorted(unknown)}; known: {', '.join(TREE_ARGS)}")
+    return resolve(TreeArguments.of(**tree))
+
+
+def check_trees(tree: dict, extra_trees: list[dict]) -> None:
+    """ValueError for the first bad setting of ``tree`` (the opttree methods') or of an extra tree
+    (over ``tree``, its ``compiled`` flag aside), as :func:`opttree_method` would raise it."""
+    tree_config(tree)
+    for spec in extra_trees:
+        try:
+            tree_config({**tree, **{k: v for k, v in spec.items() if k != "compiled"}})
+        except ValueError as error:
+            label = ",".join(f"{k}={v}" for k, v in spec.items())
+            raise ValueError(f"--opttree {label}: {error}") from None
 
 
 def parse_tree_spec(spec: str) -> dict:
@@ -203,6 +223,15 @@ def parse_tree_spec(spec: str) -> dict:
         else:
             out[key] = value.strip()
     return out
+
+
+def check_methods(names) -> None:
+    """ValueError naming a method of ``names`` (strings) that :func:`make_methods` does not know, with the
+    known ones, or one this transformers cannot run (:func:`refuse_unsupported`)."""
+    unknown = [name for name in names if name not in KNOWN_METHODS]
+    if unknown:
+        raise ValueError(f"unknown method {unknown[0]!r}; known: {', '.join(KNOWN_METHODS)}")
+    refuse_unsupported(names)
 
 
 def refuse_unsupported(names) -> None:
@@ -250,8 +279,7 @@ def make_methods(names, target, draft, *, tree: dict | None = None, extra_trees:
         elif base == "opttree-lookup":
             method = opttree_method(target, "prompt_lookup", name=name, **tree)
         else:
-            raise ValueError(f"unknown method {name!r}; known: {', '.join(METHODS)}, assisted-fast, lookup-fast, "
-                             "opttree-lookup, plain-compiled, assisted-compiled, opttree-compiled")
+            raise ValueError(f"unknown method {name!r}; known: {', '.join(KNOWN_METHODS)}")
         methods.append(with_kernel(method, target, draft) if kernel else method)
     for spec in extra_trees or []:  # "compiled=1" in a spec: that tree over the compiled path
         spec = dict(spec)

@@ -10,6 +10,8 @@ which completes it from the target), any other ``from_pretrained`` folder, or ``
 copy of the target's first N layers (untrained, hence weak; for when no draft exists). Its dtype
 may be ``"auto"``: float32 or bfloat16, whichever runs it faster here
 (:mod:`opttree.loading.draft_dtype`; measured again on each run but for a distilled folder).
+The command line checks each spec, and ``--device``, before it loads anything (:func:`check_target_spec`,
+:func:`check_draft_spec`, :func:`resolve_device`): a missing folder is named as one.
 """
 
 from __future__ import annotations
@@ -19,10 +21,16 @@ from pathlib import Path
 
 import torch
 
-from ..inflate import SIZES, inflate
+from ..inflate import SIZES, inflate, parse_size
 from ..loading import load_draft
 from ..loading.draft_dtype import in_dtype
 from ..loading.files import META_FILE
+from ..smollm2 import GGUF_FILE
+
+TARGET_FORMS = ("give 'smollm2', a folder holding a from_pretrained model (config.json) or SmolLM2's GGUF file, or a "
+                "Hugging Face Hub id (org/name); ':1b' or ':7b' after it for a stand-in of that cost")
+DRAFT_FORMS = ("give an `opttree distill` folder, a from_pretrained folder (config.json) or Hugging Face Hub id "
+               "(org/name), truncated:N (the target's first N layers), or none")
 
 
 def split_size(spec: str) -> tuple[str, str | None]:
@@ -31,6 +39,82 @@ def split_size(spec: str) -> tuple[str, str | None]:
     if sep and base and (size in SIZES or "=" in size):
         return base, size
     return spec, None
+
+
+def is_hub_id(spec: str) -> bool:
+    """Whether ``spec`` has the form of a Hugging Face Hub id, which from_pretrained fetches where no
+    folder of that name exists (whether the Hub has it is for from_pretrained to say)."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(spec)
+    except HFValidationError:
+        return False
+    return True
+
+
+def check_source(option: str, spec: str, files: tuple[str, ...], forms: str) -> None:
+    """ValueError (naming ``option``, the path and ``forms``) unless ``spec`` is a folder holding one of
+    ``files``, or no folder but a Hub id."""
+    path = Path(spec)
+    if path.is_dir():
+        if not any((path / name).is_file() for name in files):
+            raise ValueError(f"{option} {spec}: that folder holds no {' nor '.join(files)}; {forms}")
+    elif path.exists():
+        raise ValueError(f"{option} {spec}: a file, not a folder; {forms}")
+    elif not is_hub_id(spec):
+        raise ValueError(f"{option} {spec}: no such folder ({path.absolute()}); {forms}")
+
+
+def check_target_spec(spec: str) -> None:
+    """ValueError naming the fix for a ``--target`` that cannot load (see the module docstring): an unknown
+    size after a known model, a missing folder, a folder without a model. Nothing is loaded."""
+    base, size = split_size(spec)
+    head, sep, tail = spec.rpartition(":")
+    if size is None and sep and head and (head == "smollm2" or Path(head).is_dir()):
+        size, base = tail, head  # "smollm2:13b": a size, not a path
+    if size is not None:
+        try:
+            parse_size(size)
+        except ValueError as error:
+            raise ValueError(f"--target {spec}: {error}") from None
+    if base != "smollm2":
+        check_source("--target", base, (GGUF_FILE, "config.json"), TARGET_FORMS)
+
+
+def check_draft_spec(spec: str | None, option: str = "--draft") -> None:
+    """ValueError naming the fix for a ``--draft`` (or ``--assistant``) that cannot load: truncated:N
+    without a whole N >= 1, a missing folder, a folder without a draft. Nothing is loaded (whether N
+    exceeds the target's layers is known once the target is)."""
+    if not spec or spec == "none":
+        return
+    if spec.startswith("truncated:"):
+        count = spec.split(":", 1)[1]
+        if not count.isdigit() or int(count) < 1:
+            raise ValueError(f"{option} {spec}: truncated:N takes a whole number N >= 1 (the target's first N "
+                             "layers), e.g. truncated:2")
+        return
+    check_source(option, spec, (META_FILE, "config.json"), DRAFT_FORMS)
+
+
+def resolve_device(text: str) -> str:
+    """``--device``: "auto" is cuda where torch sees a GPU, else cpu; any other name is checked (ValueError
+    naming the fix) where it is no device, or a GPU this torch does not see."""
+    if text == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError):
+        raise ValueError(f"--device {text}: not a device name; give cpu, cuda, cuda:1, ... or auto") from None
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ValueError(f"--device {text}: this torch sees no CUDA GPU; give --device cpu (or auto)")
+        if device.index is not None and device.index >= count:
+            raise ValueError(f"--device {text}: this machine has {count} CUDA GPU(s), cuda:0 to cuda:{count - 1}")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"--device {text}: this torch has no MPS device; give --device cpu (or auto)")
+    return text
 
 
 def load_target(spec: str = "smollm2", dtype: torch.dtype = torch.float32, device: str = "cpu"):
@@ -43,7 +127,7 @@ def load_target(spec: str = "smollm2", dtype: torch.dtype = torch.float32, devic
 
 
 def _load(spec: str, dtype: torch.dtype, device: str):
-    from ..smollm2 import GGUF_FILE, load_smollm2
+    from ..smollm2 import load_smollm2
 
     if spec == "smollm2":
         model, tokenizer = load_smollm2(dtype=dtype)

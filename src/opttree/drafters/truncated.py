@@ -18,7 +18,8 @@ def truncated_draft(target, num_layers: int):
     config = copy.deepcopy(target.config)
     layers_attr = next((a for a in ("num_hidden_layers", "n_layer", "num_layers") if hasattr(config, a)), None)
     if layers_attr is None or not 1 <= num_layers <= getattr(config, layers_attr):
-        raise ValueError(f"num_layers must be between 1 and the target's layer count, got {num_layers}")
+        count = f" ({getattr(config, layers_attr)})" if layers_attr else ""
+        raise ValueError(f"num_layers must be between 1 and the target's layer count{count}, got {num_layers}")
     setattr(config, layers_attr, num_layers)
     if getattr(config, "layer_types", None):
         config.layer_types = config.layer_types[:num_layers]

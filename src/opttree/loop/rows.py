@@ -31,6 +31,22 @@ from .stopping import StopRule
 logger = logging.getLogger(__name__)
 
 
+def refuse_empty_rows(mask: torch.Tensor) -> None:
+    """ValueError naming the rows of ``mask`` ([B, T] bool) that hide every token. Such a prompt has
+    nothing to continue: plain generate() runs it on what its attention implementation makes of a query
+    that sees no key (sdpa and eager score it differently for the same weights), so there is no one
+    output to reproduce losslessly."""
+    empty = torch.nonzero(~mask.any(dim=1)).flatten().tolist()
+    if empty:
+        many = len(empty) > 1
+        raise ValueError(
+            f"attention_mask hides every token of row{'s' if many else ''} {', '.join(map(str, empty))}: an empty "
+            "prompt has nothing to continue (plain generate() writes whatever its attention implementation makes of "
+            f"it); drop {'them' if many else 'it'} from the batch, or give {'each' if many else 'it'} at least one "
+            "unmasked token"
+        )
+
+
 @dataclass(frozen=True)
 class Padding:
     """Where a prompt batch's attention mask hides tokens: each row's left padding, and the tokens it
@@ -41,8 +57,10 @@ class Padding:
 
     @classmethod
     def of(cls, attention_mask: torch.Tensor) -> "Padding":
-        """attention_mask: [B, T] (1 = token, 0 = hidden). Refuses a row whose last token is hidden."""
+        """attention_mask: [B, T] (1 = token, 0 = hidden). Refuses a row with no token (see
+        :func:`refuse_empty_rows`) and a row whose last token is hidden."""
         mask = attention_mask.bool()
+        refuse_empty_rows(mask)
         if not bool(mask[:, -1].all()):
             raise ValueError(
                 "opttree needs every prompt's last token unmasked (the last column of attention_mask all 1): for a "
