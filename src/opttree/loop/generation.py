@@ -24,7 +24,7 @@ import torch
 from ..drafters.base import Drafter, DrafterRows
 from ..hf import kv_cache
 from ..hf.compat import with_cache
-from ..hf.compiled import VerifyForward
+from ..hf.compiled import VerifyForward, target_forward
 from ..tree.builder import BuiltTree, Growth
 from ..tree.config import TreeConfig
 from ..tree.plan import BudgetPolicy, FixedPolicy, StepPlan
@@ -32,8 +32,8 @@ from .batch_context import processing
 from .clock import DraftClock
 from .lockstep import run_in_lockstep
 from .model_inputs import ModelInputs
-from .rows import Padding, Row, Slots, batch_step, combined_stats, commit_tokens, finish_together, \
-    output_sequences, per_token
+from .rows import (Padding, Row, Slots, batch_step, combined_stats, commit_tokens, finish_together,
+                   output_sequences, per_token)
 from ..tree.draft_tree import DraftTree
 from ..tree.layout import MaskLayout
 from ..tree.strategies import grow_tree
@@ -73,18 +73,6 @@ class DecodeSettings:
     output_logits: bool = False
     new_policy: Callable[[], BudgetPolicy] | None = None  # makes each row's budget policy; None: config's fixed one
     verify_forward: VerifyForward | None = None  # the verification forward (hf.compiled); None: the target, eager
-
-
-def target_forward(target, inputs, cache, want_hidden: bool, extra: dict | None = None,
-                   forward: VerifyForward | None = None) -> tuple[torch.Tensor, tuple | None]:
-    """One target forward over every row's root and tree -> (logits [R, q, vocab] float32, and the
-    hidden states (each [R, q, H]) when a drafter wants the target's features). extra: model inputs
-    beyond ids and masks (ModelInputs.verify); its entries replace those of ``inputs``. forward: the
-    verification forward (compiled where generate() compiles, hf.compiled); None: the target, eager."""
-    kwargs = dict(**{**inputs.as_kwargs(), **(extra or {})}, **with_cache(target, cache), use_cache=True,
-                  logits_to_keep=0, output_hidden_states=want_hidden)
-    out = target(**kwargs) if forward is None else forward(cache, inputs.input_ids.shape[1], inputs.past_len, **kwargs)
-    return out.logits.float(), out.hidden_states if want_hidden else None
 
 
 def kept_rows(acceptance: Acceptance) -> torch.Tensor | list[int]:
