@@ -8,11 +8,14 @@ from __future__ import annotations
 import time
 
 import torch
+from transformers import StaticCache
 
+from ..hf import kv_cache
 from ..hf.compat import with_cache
+from ..hf.compiled import MIN_SLOTS, target_forward
 from ..tree.draft_tree import DraftTree
 from ..tree.layout import MaskLayout
-from ..tree.masks import verification_inputs
+from ..tree.masks import ForwardInputs, verification_inputs
 from ..tree.sizes import VERIFY_SIZES, padded_size
 from .latency import AUTO_MAX_NODES, LatencyTable
 
@@ -48,16 +51,11 @@ class VerifyRig:
     masked per layer type), the cache cropped back after it; its seconds."""
 
     def __init__(self, target, prefix: int, forward=None, hidden: bool = False):
-        from transformers import StaticCache
-
-        from ..hf import kv_cache
-        from ..hf.compiled import MIN_SLOTS
-
-        self.target, self.prefix, self.kv_cache = target, prefix, kv_cache
+        self.target, self.prefix = target, prefix
         self.forward, self.hidden = (forward if forward is not None and forward.compiles else None), hidden
         self.device, self.vocab = target.device, int(target.get_input_embeddings().weight.shape[0])
         self.layout = MaskLayout.of(target.config)
-        self.inputs: dict[int, dict] = {}
+        self.inputs: dict[int, ForwardInputs] = {}
         self.kv_len = None if self.forward is None else MIN_SLOTS  # a compiled forward runs on a static cache
         with torch.inference_mode():
             if self.forward is None:
@@ -69,29 +67,25 @@ class VerifyRig:
             kv_cache.keep_slots(self.cache, prefix, [])  # a sliding window's layers keep the window, as after a step
         self.dropped = kv_cache.window_offsets(self.cache)
 
-    def _inputs(self, n: int) -> dict:
+    def _inputs(self, n: int) -> ForwardInputs:
         if n not in self.inputs:
             device = self.device
             tree = DraftTree((torch.arange(n, dtype=torch.long) % self.vocab).to(device),
                              torch.full((n,), -1, dtype=torch.long, device=device), torch.ones(n, device=device))
             self.inputs[n] = verification_inputs(1, tree, self.prefix, self.target.dtype, size=padded_size(n + 1),
-                                                 kv_len=self.kv_len, layout=self.layout,
-                                                 dropped=self.dropped).as_kwargs()
+                                                 kv_len=self.kv_len, layout=self.layout, dropped=self.dropped)
         return self.inputs[n]
 
     def run(self, n: int) -> float:
+        """One verification forward of ``n`` nodes, decoding's own (:func:`opttree.hf.compiled.target_forward`):
+        its seconds."""
         inputs = self._inputs(n)
-        kwargs = dict(inputs, **with_cache(self.target, self.cache), use_cache=True, logits_to_keep=0,
-                      output_hidden_states=self.hidden)  # as the decoding loop calls it (hence its graphs)
         with torch.inference_mode():
             start = time.perf_counter()
-            if self.forward is None:
-                self.target(**kwargs)
-            else:
-                self.forward(self.cache, padded_size(n + 1), self.prefix, **kwargs)
+            target_forward(self.target, inputs, self.cache, self.hidden, forward=self.forward)
             _sync(self.device)
             seconds = time.perf_counter() - start
-            self.kv_cache.keep_slots(self.cache, self.prefix, [])
+            kv_cache.keep_slots(self.cache, self.prefix, [])
         return seconds
 
 

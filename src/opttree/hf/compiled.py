@@ -1,4 +1,5 @@
-"""The verification forward compiled, where generate() would compile plain decoding.
+"""The verification forward: :func:`target_forward`, the one forward decoding runs and calibration
+times, compiled where generate() would compile plain decoding.
 
 generate() compiles the target's forward for decoding when the cache is a compilable one (a
 ``StaticCache``) on a device it compiles for (CUDA and a few others; any device with
@@ -28,12 +29,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Protocol
 
+import torch
 from transformers import StaticCache
 
 from . import kv_cache
-from .compat import GENERATE_CACHE_NAME
+from .compat import GENERATE_CACHE_NAME, with_cache
 
 logger = logging.getLogger(__name__)
 
@@ -110,4 +112,27 @@ class VerifyForward:
             return self.model(**kwargs)
 
 
-__all__ = ["MIN_SLOTS", "VerifyForward", "cache_slots", "compiles_on_static", "generate_would_compile"]
+class VerifyInputs(Protocol):
+    """What a verification forward is fed (``opttree.tree.masks.ForwardInputs`` is one)."""
+
+    input_ids: torch.Tensor  # [R, q] long: every row's root and tree, padded to a verification size
+    past_len: int  # the committed slots before them (known on the host)
+
+    def as_kwargs(self) -> dict: ...  # the model inputs: ids, masks, positions, cache positions
+
+
+def target_forward(target, inputs: VerifyInputs, cache, want_hidden: bool, extra: dict | None = None,
+                   forward: VerifyForward | None = None) -> tuple[torch.Tensor, tuple | None]:
+    """THE verification forward, as decoding runs it and calibration times it: one target forward over
+    every row's root and tree -> (logits [R, q, vocab] float32, and the hidden states (each [R, q, H])
+    when a drafter wants the target's features). extra: model inputs beyond ids and masks
+    (``opttree.loop.model_inputs``); its entries replace those of ``inputs``. forward: the compiled
+    verification forward (:class:`VerifyForward`); None: the target, eager."""
+    kwargs = dict(**{**inputs.as_kwargs(), **(extra or {})}, **with_cache(target, cache), use_cache=True,
+                  logits_to_keep=0, output_hidden_states=want_hidden)
+    out = target(**kwargs) if forward is None else forward(cache, inputs.input_ids.shape[1], inputs.past_len, **kwargs)
+    return out.logits.float(), out.hidden_states if want_hidden else None
+
+
+__all__ = ["MIN_SLOTS", "VerifyForward", "VerifyInputs", "cache_slots", "compiles_on_static", "generate_would_compile",
+           "target_forward"]
