@@ -314,3 +314,90 @@ def test_sampling_with_an_eagle_head_has_the_targets_two_token_law(tmp_path):
             counts[tuple(result.sequences[0, len(start):].tolist())] += 1
     stat, critical = chi_square(counts, law, n)
     assert stat < critical, (stat, critical)
+
+
+# ---------------------------------------------------------------------------------------------
+# export
+
+
+def _q_pair(head, target, ids):
+    drafter, q1 = drafted_q(head, target, ids)
+    return q1, depth2_q(drafter, int(q1.argmax()))
+
+
+@pytest.mark.parametrize("name", list(WRITERS))
+def test_export_then_load_drafts_the_same_q_to_the_last_bit(name, tmp_path):
+    import json
+
+    target = target_for("llama")
+    head = opttree.load_draft(WRITERS[name](tmp_path / name, target), target)
+    layout = "eagle1" if name.startswith("eagle1") else "eagle3"
+    out = opttree.export_draft(head, tmp_path / "out", layout=layout)
+    again = opttree.load_draft(out, target)
+    for seed in range(2):
+        ids = prompt(seed)
+        for a, b in zip(_q_pair(head, target, ids), _q_pair(again, target, ids)):
+            assert torch.equal(a, b), name
+    with torch.no_grad():  # negative control: an export through float16 (a lossy one) is caught
+        for parameter in again.parameters():
+            parameter.copy_(parameter.half().float())
+    assert not torch.equal(_q_pair(head, target, prompt(0))[0], _q_pair(again, target, prompt(0))[0])
+    keys = set(load_file(str(out / "model.safetensors")))
+    config = json.loads((out / "config.json").read_text())
+    if layout == "eagle3":
+        assert {"fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d"} <= keys
+        assert any(k.startswith("midlayer.") for k in keys) and not any(k.startswith("layers.") for k in keys)
+        assert config["architectures"] == ["LlamaForCausalLMEagle3"]
+        assert config["norm_before_residual"] is (name in ("speculators", "eagle3-norm-before-residual"))
+        assert "eagle_config" not in config  # the default taps: no ids written
+        assert ("embed_tokens.weight" in keys) == (name == "speculators")
+
+
+def test_export_writes_layer_ids_only_where_they_differ_from_the_default(tmp_path):
+    import json
+
+    target = target_for("llama")
+    ids = [1, 3, 6]
+    folder = write_eagle3(tmp_path / "head", target, eagle_config={"eagle_aux_hidden_state_layer_ids": ids})
+    out = opttree.export_draft(opttree.load_draft(folder, target), tmp_path / "out")
+    assert json.loads((out / "config.json").read_text())["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == ids
+    assert opttree.load_draft(out, target).c.taps == tuple(ids)
+
+
+def test_an_exported_folder_passes_the_reference(tmp_path):
+    target = target_for("llama")
+    out = opttree.export_draft(opttree.load_draft(write_eagle3(tmp_path / "head", target), target), tmp_path / "out")
+    ids = prompt(1)
+    q1_ref, q2_ref, best = reference_for("eagle3-midlayer", out, target, ids)
+    drafter, q1 = drafted_q(opttree.load_draft(out, target), target, ids)
+    torch.testing.assert_close(q1, q1_ref, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(depth2_q(drafter, best), q2_ref, rtol=1e-4, atol=1e-6)
+
+
+def test_opttrees_own_head_is_refused_naming_what_has_no_eagle_form(tmp_path):
+    from opttree.distill.head import new_head
+
+    target = target_for("llama")
+    head = new_head(target, out_rank=64)[0]
+    with pytest.raises(ValueError, match="no EAGLE form.*entry mixes the embedding.*trained correction of the "
+                                         "target's output rows \\(rank 64\\)"):
+        opttree.export_draft(head, tmp_path / "out")
+    eagle1 = opttree.load_draft(write_eagle1(tmp_path / "e1", target), target)
+    with pytest.raises(ValueError, match="this is an eagle1 head: it exports as layout='eagle1'"):
+        opttree.export_draft(eagle1, tmp_path / "out")
+    with pytest.raises(ValueError, match="layout='medusa': export writes 'eagle3' or 'eagle1'"):
+        opttree.export_draft(eagle1, tmp_path / "out", layout="medusa")
+
+
+def test_the_export_command_writes_the_folder(tmp_path, capsys):
+    from opttree import cli
+
+    target = target_for("llama")
+    target.save_pretrained(tmp_path / "target")
+    folder = write_eagle3(tmp_path / "head", target)
+    assert cli.main(["export", str(folder), str(tmp_path / "out"), "--target", str(tmp_path / "target")]) == 0
+    assert "wrote" in capsys.readouterr().out
+    assert (tmp_path / "out" / "model.safetensors").is_file()
+    head = opttree.load_draft(tmp_path / "out", target)
+    assert torch.equal(_q_pair(head, target, prompt(0))[0],
+                       _q_pair(opttree.load_draft(folder, target), target, prompt(0))[0])
