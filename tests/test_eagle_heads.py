@@ -401,3 +401,31 @@ def test_the_export_command_writes_the_folder(tmp_path, capsys):
     head = opttree.load_draft(tmp_path / "out", target)
     assert torch.equal(_q_pair(head, target, prompt(0))[0],
                        _q_pair(opttree.load_draft(folder, target), target, prompt(0))[0])
+
+
+@pytest.mark.parametrize("name", ["eagle3-midlayer", "speculators", "eagle1"])
+def test_bench_with_an_eagle_folder_runs_and_stays_lossless(name, tmp_path, monkeypatch):
+    """`opttree bench --draft <folder>` for every layout: the folder is loaded as a head (not by
+    from_pretrained), opttree decodes the questions, and exit code 0 says every answer equals plain's."""
+    import json
+
+    from opttree.bench import cli as bench_cli, models as bench_models
+    from test_bench import QUESTIONS, CharTokenizer
+
+    target = target_for("llama")
+    folder = WRITERS[name](tmp_path / name, target)
+    monkeypatch.setattr(bench_models, "load_target", lambda spec, dtype, device: (target, CharTokenizer()))
+    loaded = []
+    real = bench_models.load_draft_model
+    monkeypatch.setattr(bench_models, "load_draft_model",
+                        lambda spec, t, dtype, device: loaded.append(real(spec, t, dtype, device)) or loaded[-1])
+    path = tmp_path / "q.jsonl"
+    path.write_text("\n".join(json.dumps(q) for q in QUESTIONS) + "\n")
+    code = bench_cli.main(["--questions", str(path), "--draft", str(folder), "--quick", "--max-new-tokens", "8",
+                           "--no-progress", "--methods", "plain,opttree", "--out", str(tmp_path / "out"),
+                           "--device", "cpu"])
+    assert code == 0
+    assert isinstance(loaded[0], EagleHead)
+    assert bench_models.is_eagle_head(folder) and not bench_models.is_eagle_head(tmp_path / "out")
+    target.save_pretrained(tmp_path / "model")  # a draft model's folder (a plain LlamaForCausalLM) is no head
+    assert not bench_models.is_eagle_head(tmp_path / "model")

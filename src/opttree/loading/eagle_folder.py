@@ -38,6 +38,29 @@ def is_eagle_folder(path: Path) -> bool:
     return (path / CONFIG_FILE).is_file()
 
 
+def is_eagle_head(path: Path) -> bool:
+    """Whether ``path`` is a folder of a head this module reads (its config.json names an EAGLE layout,
+    or a plain architecture whose weights are an EAGLE-1/2 head's); False for any other folder."""
+    if not is_eagle_folder(path):
+        return False
+    try:
+        raw = read_config(path)
+        layout = folder_layout(raw, path)
+        return layout != EAGLE1 or folder_layout(raw, path, weight_names(path)) == EAGLE1
+    except ValueError:
+        return False
+
+
+def weight_names(path: Path) -> dict:
+    """The weights' names (values None) read from the safetensors header alone, else the whole pickle."""
+    if (path / SAFETENSORS).is_file():
+        from safetensors import safe_open
+
+        with safe_open(str(path / SAFETENSORS), framework="pt") as f:
+            return dict.fromkeys(f.keys())
+    return read_state(path)
+
+
 def read_config(path: Path) -> dict:
     """The JSON object in ``path``'s config.json; ValueError naming the file otherwise."""
     file = path / CONFIG_FILE
@@ -265,4 +288,4 @@ def load_eagle(path: str | Path, target) -> EagleHead:
     return head.to(target.get_input_embeddings().weight.device).eval()
 
 
-__all__ = ["CONFIG_FILE", "is_eagle_folder", "load_eagle", "read_config", "read_state"]
+__all__ = ["CONFIG_FILE", "is_eagle_folder", "is_eagle_head", "load_eagle", "read_config", "read_state"]
