@@ -429,3 +429,41 @@ def test_bench_with_an_eagle_folder_runs_and_stays_lossless(name, tmp_path, monk
     assert bench_models.is_eagle_head(folder) and not bench_models.is_eagle_head(tmp_path / "out")
     target.save_pretrained(tmp_path / "model")  # a draft model's folder (a plain LlamaForCausalLM) is no head
     assert not bench_models.is_eagle_head(tmp_path / "model")
+
+
+def test_a_hub_name_resolves_to_its_cached_snapshot_offline(tmp_path):
+    """draft_model="org/name" and load_draft("org/name") through huggingface_hub's snapshot_download with
+    HF_HUB_OFFLINE=1 and a cache laid out as the Hub's (refs/main -> snapshots/<commit>/): nothing
+    reaches the network. Negative control: a name the cache lacks is refused, naming the fix."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub" / "models--acme--tiny-eagle3"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    write_eagle3(repo / "snapshots" / commit, target_for("llama"))
+    code = """
+import torch, opttree
+from eagle_folders import target_for
+target = target_for("llama")
+head = opttree.load_draft("acme/tiny-eagle3", target)
+ids = torch.tensor([[5, 9, 14, 3, 27, 8]])
+out = opttree.speculative(target).generate(ids, max_new_tokens=8, do_sample=False, draft_model="acme/tiny-eagle3", nodes=6)
+print(type(head).__name__, torch.equal(out, target.generate(ids, max_new_tokens=8, do_sample=False)))
+try:
+    opttree.load_draft("acme/not-cached", target)
+except ValueError as error:
+    print("refused:", error)
+"""
+    tests = str(Path(__file__).parent)
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(tmp_path / "hub"),
+               PYTHONPATH=os.pathsep.join([tests, os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env,
+                         cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.strip().splitlines()
+    assert lines[0] == "EagleHead True"
+    assert "'acme/not-cached': the Hub repository is not in the local cache" in lines[1] and "hf download" in lines[1]

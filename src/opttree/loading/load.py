@@ -16,6 +16,7 @@ from .draft_dtype import check_dtype, in_dtype
 from .draft_model import ReducedVocabHead, load_model_draft
 from .eagle_folder import CONFIG_FILE, is_eagle_folder, load_eagle
 from .files import META_FILE, read_meta
+from .hub import hub_folder, is_hub_name
 from .head_file import HEAD_FORMATS, load_head
 
 
@@ -35,10 +36,11 @@ def load_draft(path: str | Path, target, dtype: torch.dtype | str | None = None)
       (bfloat16 on a GPU that has it), cached per draft folder and machine; see
       :mod:`opttree.loading.draft_dtype`.
 
+    ``path`` may be a Hub name, ``"org/name"`` (:mod:`.hub`: its snapshot, the cached one offline).
     Anything else is a ValueError naming these; so is a folder whose files are missing or junk.
     """
     dtype = check_dtype(dtype)
-    path = Path(path)
+    path = hub_folder(str(path)) if is_hub_name(str(path)) else Path(path)
     if not (path / META_FILE).is_file() and is_eagle_folder(path):
         return in_dtype(load_eagle(path, target), dtype, target, path)
     data = read_meta(path)
@@ -51,7 +53,7 @@ def load_if_path(draft, target):
     head's): loaded with :func:`load_draft` (completed from ``target``). Anything else as is."""
     if not isinstance(draft, (str, os.PathLike)) or draft == "prompt_lookup":
         return draft
-    if (Path(draft) / META_FILE).is_file() or is_eagle_folder(Path(draft)):
+    if (Path(draft) / META_FILE).is_file() or is_eagle_folder(Path(draft)) or is_hub_name(str(draft)):
         return load_draft(draft, target)
     raise ValueError(
         f"draft_model={str(draft)!r}: a string must be 'prompt_lookup' or a folder written by `opttree distill` "
