@@ -14,7 +14,7 @@ from .integration import (
     speculative,
     speculative_generate,
 )
-from .loading import load_draft
+from .loading import export_draft, load_draft
 from .loop.stats import GenerationStats, StepStats
 from .tree import DraftTree
 from .tree.builder import BuiltTree, build_opt_tree
@@ -22,7 +22,8 @@ from .tree.config import TreeConfig
 
 __all__ = [
     "BuiltTree", "DraftTree", "Drafter", "GenerationStats", "MixedDrafter", "SpeculativeDecoderOnlyOutput",
-    "SpeculativeGenerationMixin", "SpeculativeGenerator", "StepStats", "TreeConfig", "build_opt_tree", "load_draft",
+    "SpeculativeGenerationMixin", "SpeculativeGenerator", "StepStats", "TreeConfig", "build_opt_tree", "export_draft",
+    "load_draft",
     "speculative", "speculative_generate",
 ]
 __version__ = "0.1.0"

@@ -1,5 +1,5 @@
-"""The ``opttree`` command (also ``python -m opttree``): ``opttree distill ...``, ``opttree bench ...`` and
-``opttree arguments``."""
+"""The ``opttree`` command (also ``python -m opttree``): ``opttree distill ...``, ``opttree bench ...``,
+``opttree arguments`` and ``opttree export ...``."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ COMMANDS = {
     "bench": ("opttree.bench.cli", "Spec-Bench side by side with plain generate() and HF assisted generation"),
     "arguments": ("opttree.integration.contract_page",
                   "generate()'s arguments with a draft: honoured, refused, not applying (docs/arguments.md)"),
+    "export": ("opttree.loading.export_cli", "write a draft head in the EAGLE-3 layout vLLM and SGLang serve"),
 }
 
 

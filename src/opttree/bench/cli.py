@@ -98,7 +98,8 @@ def parser(prog: str = "python -m opttree.bench") -> argparse.ArgumentParser:
                         "':1b' or ':7b' after any of them: that model inflated to the cost of a 1 B or 7 B model, "
                         "computing the same function (a cost stand-in: opttree.inflate)")
     p.add_argument("--draft", default=None,
-                   help="an `opttree distill` folder, a from_pretrained path, or truncated:N "
+                   help="an `opttree distill` folder, a published EAGLE head's folder (EAGLE-3, speculators, "
+                        "EAGLE-1/2), a from_pretrained path, or truncated:N "
                         "(the target's first N layers)")
     p.add_argument("--assistant", default=None,
                    help="the draft for HF assisted generation when --draft is an EAGLE-style feature head "

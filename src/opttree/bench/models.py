@@ -5,8 +5,9 @@ a folder holding SmolLM2's GGUF file, or anything ``from_pretrained`` takes; any
 ``:SIZE`` (``smollm2:1b``, ``smollm2:7b``, or ``:hidden_size=...,...``): that model inflated to the
 cost of a bigger one, computing the same function (:func:`opttree.inflate.inflate`), built in the
 dtype and on the device asked.
-draft: a folder written by ``opttree distill`` (loaded with :func:`opttree.load_draft`,
-which completes it from the target), any other ``from_pretrained`` folder, or ``truncated:N``: a
+draft: a folder written by ``opttree distill`` or a published EAGLE head's (EAGLE-3, speculators,
+EAGLE-1/2; loaded with :func:`opttree.load_draft`, which completes it from the target), any other
+``from_pretrained`` folder, or ``truncated:N``: a
 copy of the target's first N layers (untrained, hence weak; for when no draft exists). Its dtype
 may be ``"auto"``: float32 or bfloat16, whichever runs it faster here
 (:mod:`opttree.loading.draft_dtype`; measured again on each run but for a distilled folder).
@@ -24,6 +25,7 @@ import torch
 from ..inflate import SIZES, inflate, parse_size
 from ..loading import load_draft
 from ..loading.draft_dtype import in_dtype
+from ..loading.eagle_folder import is_eagle_head
 from ..loading.files import META_FILE
 from ..smollm2 import GGUF_FILE
 
@@ -171,7 +173,7 @@ def load_draft_model(spec: str | None, target, dtype: torch.dtype | str = torch.
         draft = draft.to(device=device, dtype=torch.float32 if auto else dtype)
     else:
         path = Path(spec)
-        if (path / META_FILE).is_file():
+        if (path / META_FILE).is_file() or is_eagle_head(path):
             return load_draft(path, target, dtype=dtype).to(device).eval()
         from transformers import AutoModelForCausalLM
 

@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from ..hf.inflated import carried_width, text_config
-from ..kernels import linears
+from .head.base import DraftHead
 from .head_drafter import FeatureHeadDrafter  # noqa: F401 (re-exported)
 from .head_layer import KV, HeadLayer, RMSNorm, apply_rotary, attend, rotary  # noqa: F401 (re-exported)
 
@@ -90,7 +90,7 @@ class HeadConfig:
         return asdict(self)
 
 
-class FeatureHead(nn.Module):
+class FeatureHead(DraftHead):
     """The head's weights. ``embed`` is the target's input embedding and ``out_weight`` [K, H]
     rows of its output embedding (for the K tokens in ``token_ids``): both frozen, not saved.
     With ``c.out_rank`` set, a trained correction of those rows is added (:meth:`output_rows`):
@@ -134,6 +134,23 @@ class FeatureHead(nn.Module):
             x, new = layer(x, positions, None if past is None else past.layer(i, kv_heads), mask)
             news.append(new)
         return self.norm(x), KV.stack(news)
+
+    def step_into(self, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, cache: KV,
+                  slots: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """features [w, H], tokens [w], positions [w], the buffers [1, layers * kv_heads, S, d] (written
+        at ``slots`` [w]), mask [1, 1, w, S] -> predicted features g [w, H] (DraftHead.step_into)."""
+        x = self.entry(features, tokens)[None]  # [1, w, H]
+        kv_heads = self.c.num_kv_heads
+        for i, layer in enumerate(self.layers()):
+            x = layer.forward_into(x, positions[None], cache.layer(i, kv_heads), slots, mask)
+        return self.norm(x)[0]
+
+    def logit_input(self, fed: torch.Tensor) -> torch.Tensor:
+        """The predicted feature g itself: the output rows read it as the target's rows read f."""
+        return fed
+
+    def shared_with_target(self) -> list:
+        return [self.embed[0]]
 
     def entry(self, features: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """features [..., H] (f_{j-1}), tokens [...] (t_j) -> the first layer's input x_j [..., H]."""
@@ -197,31 +214,9 @@ class FeatureHead(nn.Module):
             self._merged = (key, self.out_weight + self.delta().to(self.out_weight.dtype))
         return self._merged[1]
 
-    def reduced_logits(self, predicted: torch.Tensor) -> torch.Tensor:
-        """predicted features [..., H] -> logits over the K kept tokens [..., K]."""
-        # not an nn.Linear: linears.linear gives it the few-row kernels the head's layers get
-        weight = self.output_rows()
-        weight = weight if weight.dtype == predicted.dtype else weight.to(predicted.dtype)
-        return linears.linear(predicted, weight, self.out_bias)
-
-    def full_logits(self, predicted: torch.Tensor) -> torch.Tensor:
-        """[..., H] -> [..., V] float32; tokens outside the kept set get finfo.min."""
-        return self.spread(self.reduced_logits(predicted))
-
-    def spread(self, small: torch.Tensor) -> torch.Tensor:
-        """Logits over the kept tokens [..., K] -> over the vocabulary [..., V] float32 (finfo.min
-        for the tokens outside the kept set)."""
-        small = small.float()
-        full = small.new_full((*small.shape[:-1], self.c.vocab_size), torch.finfo(torch.float32).min)
-        return full.index_copy_(-1, self.token_ids, small)
-
     @property
     def device(self) -> torch.device:
         return self.fc.weight.device
-
-    def for_target(self, target) -> "FeatureHeadDrafter":
-        """A fresh drafter for one generate() call on ``target`` (checked to fit this head)."""
-        return FeatureHeadDrafter(self).bind(target, None)
 
     def check_fits(self, target) -> None:
         """Refuse a target whose hidden size or vocabulary differs from the one the head was made for."""

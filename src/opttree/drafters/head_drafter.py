@@ -26,16 +26,19 @@ def causal_visible(q: int, s: int, device) -> torch.Tensor:
 
 
 class FeatureHeadDrafter(Drafter):
-    """Drafts trees with a :class:`FeatureHead`; one instance per generate() call and batch row."""
+    """Drafts trees with a head (:class:`~opttree.drafters.head.base.DraftHead`: opttree's FeatureHead or an
+    EAGLE head); one instance per generate() call and batch row."""
 
     wants_hidden_states = True  # the generation loop calls add_features with the target's features
     context_length = None  # RoPE: no limit of its own
 
-    def __init__(self, head, to_probs: ToProbs | None = None):  # head: a feature_head.FeatureHead
+    def __init__(self, head, to_probs: ToProbs | None = None):  # head: a head.base.DraftHead
         self.head = head
         self.to_probs = to_probs  # full logits [k, V] -> probabilities; None: softmax (fast path)
         self.kv: KV | None = None  # entries 0..cached-1, all with true target features
-        self.pending = torch.zeros(1, head.c.hidden_size, device=head.device)  # f_{cached-1}, f_{cached}, ...
+        # the fed features of entries cached, cached + 1, ...: opttree's head starts with a zero feature
+        # for the first token, an EAGLE head with the first token's feature (DraftHead.first_entry)
+        self.pending = torch.zeros(1 - head.first_entry, head.c.hidden_size, device=head.device)
         self.past: KV | None = None  # self.kv followed by this step's tree entries, in feeding order
         self.fed = torch.empty(0, dtype=torch.long, device=head.device)  # [f] pool id of each tree entry
         self.predicted = torch.zeros(1, head.c.hidden_size, device=head.device)  # [1 + m, H]: g of the root (row 0) and of pool node p (row 1 + p, once fed)
@@ -81,18 +84,34 @@ class FeatureHeadDrafter(Drafter):
         self.forwards += 1
         return predicted[0], new  # [q, H], the new entries
 
-    def root_probs(self, sequence: torch.Tensor) -> torch.Tensor:
-        start, end = self.cached, len(sequence)
-        if end - start > len(self.pending):
+    def entries(self, sequence: torch.Tensor) -> tuple[int, int]:
+        """The committed ``sequence`` -> (the first token index to feed, how many): entry e is token
+        e + first_entry (DraftHead.first_entry), at rotary position e."""
+        start = self.cached + self.head.first_entry
+        q = len(sequence) - start
+        if q > len(self.pending):
             raise AssertionError("the feature head lacks target features for committed tokens; this is a bug")
-        device = self.head.device
-        tokens = sequence[start:end].to(device)
-        positions = torch.arange(start, end, device=device)
+        return start, q
+
+    def nothing_to_read(self) -> torch.Tensor:
+        """An EAGLE head before its first entry (a one-token prompt has no feature yet): the root's
+        children drafted from a zero feature (any q is lossless; the next step reads the target's)."""
+        self.predicted = self.pending.new_zeros(1, self.head.c.hidden_size)
+        self.root_position = self.cached - 1
+        return self._probs(self.predicted).full()[0]
+
+    def root_probs(self, sequence: torch.Tensor) -> torch.Tensor:
+        start, q = self.entries(sequence)
         self.past, self.fed = self.kv, self.fed[:0]
-        g, new = self._run(self.pending[: end - start], tokens, positions, causal_visible(end - start, start, device))
+        if q == 0:
+            return self.nothing_to_read()
+        device, cached = self.head.device, self.cached
+        tokens = sequence[start:].to(device)
+        positions = torch.arange(cached, cached + q, device=device)
+        g, new = self._run(self.pending[:q], tokens, positions, causal_visible(q, cached, device))
         self.kv = self.past = new if self.kv is None else self.kv.cat(new)
-        self.pending = self.pending[end - start:]
-        self.root_position = end - 1
+        self.pending = self.pending[q:]
+        self.root_position = cached + q - 1
         self.predicted = g[-1:]
         return self._probs(self.predicted).full()[0]
 
@@ -127,7 +146,7 @@ class FeatureHeadDrafter(Drafter):
         visible = torch.nn.functional.pad(ancestors.index_select(1, columns), (self.cached, 0), value=True)  # [k, s + f + k]
         positions = ancestors.sum(dim=1) + self.root_position  # depth = ancestors, self included
         g, new = self._run(features, pool.tokens.index_select(0, frontier), positions, visible)
-        self.past = self.past.cat(new)
+        self.past = new if self.past is None else self.past.cat(new)
         self.fed = columns
         self._store_predicted(len(pool), frontier, g)
         return self._probs(g)
@@ -183,23 +202,24 @@ class CompiledHeadDrafter(FeatureHeadDrafter):
         return out
 
     def root_probs(self, sequence: torch.Tensor) -> torch.Tensor:
-        start, end = self._cached, len(sequence)
-        if end - start > len(self.pending):
-            raise AssertionError("the feature head lacks target features for committed tokens; this is a bug")
-        q = end - start
-        prefill = start == 0  # the prompt: eager, at its own length
+        start, q = self.entries(sequence)
+        self.fed = self.fed[:0]
+        if q == 0:
+            return self.nothing_to_read()
+        cached = self._cached
+        prefill = cached == 0  # the prompt: eager, at its own length
         w = q if prefill else padded_size(q)
-        self.buffers = self.buffers.holding(start + w, start)
+        self.buffers = self.buffers.holding(cached + w, cached)
         ids = self.buffers.slot_ids
         rows = ids[:w].clamp(max=q - 1)  # [w]: pad rows repeat the last committed token
-        positions = rows + start  # [w]
-        tokens = on(sequence[start:end], self.head.device).index_select(0, rows)  # [w]
+        positions = rows + cached  # [w]
+        tokens = on(sequence[start:], self.head.device).index_select(0, rows)  # [w]
         features = self.pending[:q].index_select(0, rows)  # [w, H]
         visible = ids[None] <= positions[:, None]  # [w, S]: causal over the committed slots
-        g, logits = self._forward(prefill, features, tokens, positions, ids[start:start + w], visible)
-        self._cached, self.fed = end, self.fed[:0]
+        g, logits = self._forward(prefill, features, tokens, positions, ids[cached:cached + w], visible)
+        self._cached = cached + q
         self.pending = self.pending[q:]
-        self.root_position = end - 1
+        self.root_position = cached + q - 1
         self.predicted = g[q - 1:q].clone()  # a compiled run's outputs may be overwritten by the next run
         return self.probs_of(logits[q - 1:q]).full()[0]
 

@@ -42,20 +42,17 @@ logger = logging.getLogger(__name__)
 def head_step(head: torch.nn.Module, keys: torch.Tensor, values: torch.Tensor, rows: torch.Tensor, bias: torch.Tensor,
               features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
               visible: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """One forward of ``w`` rows of ``head`` (a :class:`~opttree.drafters.feature_head.FeatureHead`) on
+    """One forward of ``w`` rows of ``head`` (a :class:`~opttree.drafters.head.base.DraftHead`) on
     the fixed buffers, pure but for the buffers' writes.
 
     keys, values: [1, layers * kv_heads, S, d], the new entries written at ``slots``;
-    rows [K, H], bias [K]: the output rows over the kept tokens;
-    features [w, H] (each row's parent feature), tokens [w] long, positions [w] long,
-    slots [w] long, visible [w, S] bool -> (predicted features g [w, H], logits over the kept tokens [w, K])."""
-    x = head.entry(features, tokens)[None]  # [1, w, H]
+    rows [K, h], bias [K]: the output rows over the head's columns;
+    features [w, h] (each row's fed feature), tokens [w] long, positions [w] long,
+    slots [w] long, visible [w, S] bool -> (the next fed features [w, h], logits over the columns [w, K])."""
     mask = additive_mask(visible, torch.float32)  # [1, 1, w, S]
-    cache, kv_heads = KV(keys, values), head.c.num_kv_heads
-    for i, layer in enumerate(head.layers()):
-        x = layer.forward_into(x, positions[None], cache.layer(i, kv_heads), slots, mask)
-    g = head.norm(x)[0]  # [w, H]
-    return g, torch.nn.functional.linear(g, rows.to(g.dtype), bias.to(g.dtype))
+    fed = head.step_into(features, tokens, positions, KV(keys, values), slots, mask)  # [w, h]
+    x = head.logit_input(fed)
+    return fed, torch.nn.functional.linear(x, rows.to(x.dtype), bias.to(x.dtype))
 
 
 @dataclass
@@ -94,7 +91,7 @@ class HeadBuffers:
     @classmethod
     def allocate(cls, head: torch.nn.Module, slots: int) -> "HeadBuffers":
         c = head.c
-        return cls.zeros((1, c.num_layers * c.num_kv_heads, slots, c.head_dim), head.fc.weight.dtype, head.device)
+        return cls.zeros((1, c.num_layers * c.num_kv_heads, slots, c.head_dim), head.dtype, head.device)
 
     @classmethod
     def zeros(cls, shape: tuple[int, int, int, int], dtype: torch.dtype, device) -> "HeadBuffers":

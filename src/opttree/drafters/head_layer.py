@@ -63,23 +63,32 @@ class HeadLayer(nn.Module):
     """One pre-norm Llama-style decoder layer (parameter names as in HF Llama, so a Llama
     target's layer can initialise it) with an explicit KV cache and additive mask."""
 
-    def __init__(self, c):  # c: a feature_head.HeadConfig
+    def __init__(self, c, attn_width: int | None = None, qkv_bias: bool = False):
+        """c: a feature_head.HeadConfig or an EagleConfig (hidden_size, num_heads, num_kv_heads, head_dim,
+        intermediate_size, rms_eps, rope_theta); attn_width: what q/k/v read (default hidden_size;
+        EAGLE-3's layer reads 2h); qkv_bias: q/k/v with biases (Qwen2-shaped EAGLE heads)."""
         super().__init__()
         self.c = c
+        width = attn_width or c.hidden_size
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_eps)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_eps)
         self.self_attn = nn.Module()
-        self.self_attn.q_proj = nn.Linear(c.hidden_size, c.num_heads * c.head_dim, bias=False)
-        self.self_attn.k_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=False)
-        self.self_attn.v_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=False)
+        self.self_attn.q_proj = nn.Linear(width, c.num_heads * c.head_dim, bias=qkv_bias)
+        self.self_attn.k_proj = nn.Linear(width, c.num_kv_heads * c.head_dim, bias=qkv_bias)
+        self.self_attn.v_proj = nn.Linear(width, c.num_kv_heads * c.head_dim, bias=qkv_bias)
         self.self_attn.o_proj = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=False)
         self.mlp = nn.Module()
         self.mlp.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
         self.mlp.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
         self.mlp.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
 
+    def attention_input(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer's input x -> (the residual stream [b, q, H], what q/k/v read [b, q, attn_width]).
+        Here: (x, input_layernorm(x)), a pre-norm Llama layer; EAGLE's layers override it."""
+        return x, self.input_layernorm(x)
+
     def project_kv(self, h: torch.Tensor, cos, sin) -> KV:
-        """Normed input h [b, q, H] -> this layer's keys/values for it."""
+        """Normed input h [b, q, attn_width] -> this layer's keys/values for it."""
         b, q, _ = h.shape
         c, a = self.c, self.self_attn
         k = a.k_proj(h).view(b, q, c.num_kv_heads, c.head_dim).transpose(1, 2)
@@ -90,28 +99,29 @@ class HeadLayer(nn.Module):
                 mask: torch.Tensor) -> tuple[torch.Tensor, KV]:
         """x [b, q, H]; positions [b, q]; past: cached entries (s of them) or None;
         mask [b, 1, q, s + q] additive. Returns (output [b, q, H], the new entries' KV)."""
-        h, query, new = self._project(x, positions)
+        residual, query, new = self._project(x, positions)
         kv = new if past is None else past.cat(new)
-        return self._finish(x, query, kv, mask), new
+        return self._finish(residual, query, kv, mask), new
 
     def forward_into(self, x: torch.Tensor, positions: torch.Tensor, cache: KV, slots: torch.Tensor,
                      mask: torch.Tensor) -> torch.Tensor:
         """The same layer on a cache of fixed size (:mod:`opttree.drafters.head_graph`): x [b, q, H];
         positions [b, q]; cache: this layer's buffers [b, kv_heads, S, d], the new entries written in
         place at ``slots`` [q] long before attending; mask [b, 1, q, S] additive -> output [b, q, H]."""
-        h, query, new = self._project(x, positions)
+        residual, query, new = self._project(x, positions)
         cache.keys.index_copy_(2, slots, new.keys)
         cache.values.index_copy_(2, slots, new.values)
-        return self._finish(x, query, cache, mask)
+        return self._finish(residual, query, cache, mask)
 
     def _project(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, KV]:
-        """x [b, q, H] -> (normed input [b, q, H], rotated queries [b, heads, q, d], the new entries' KV)."""
-        b, q, _ = x.shape
+        """x (the layer's input) -> (the residual stream [b, q, H], rotated queries [b, heads, q, d],
+        the new entries' KV)."""
         c, a = self.c, self.self_attn
+        residual, h = self.attention_input(x)
+        b, q, _ = h.shape
         cos, sin = rotary(positions, c.head_dim, c.rope_theta)
-        h = self.input_layernorm(x)
         query = apply_rotary(a.q_proj(h).view(b, q, c.num_heads, c.head_dim).transpose(1, 2), cos, sin)
-        return h, query, self.project_kv(h, cos, sin)
+        return residual, query, self.project_kv(h, cos, sin)
 
     def _finish(self, x: torch.Tensor, query: torch.Tensor, kv: KV, mask: torch.Tensor) -> torch.Tensor:
         """Attention over ``kv`` and the MLP: x [b, q, H], query [b, heads, q, d] -> [b, q, H]."""

@@ -10,7 +10,8 @@ import torch
 from ..hf.validation import check_attention, check_causal_lm, check_weights, context_length, vocab_size
 from ..tree.layout import MaskLayout
 from .base import Drafter, ToProbs
-from .feature_head import FeatureHead, FeatureHeadDrafter
+from .head.base import DraftHead
+from .head_drafter import FeatureHeadDrafter
 from .model import ModelDrafter
 from .ngram import PromptLookupDrafter
 
@@ -18,7 +19,7 @@ from .ngram import PromptLookupDrafter
 def is_draft_model(draft) -> bool:
     """Whether ``draft_model=`` is a draft MODEL (a causal LM), rather than a drafter, a feature
     head, a draft folder or ``"prompt_lookup"``."""
-    return isinstance(draft, torch.nn.Module) and not isinstance(draft, FeatureHead)
+    return isinstance(draft, torch.nn.Module) and not isinstance(draft, DraftHead)
 
 
 def make_drafter(draft, target, to_probs: ToProbs | None = None) -> Drafter:
@@ -34,7 +35,7 @@ def make_drafter(draft, target, to_probs: ToProbs | None = None) -> Drafter:
                          "first with opttree.load_draft(path, target) and pass what it returns")
     if isinstance(draft, Drafter):
         return draft.bind(target, to_probs)
-    if isinstance(draft, FeatureHead):
+    if isinstance(draft, DraftHead):
         return FeatureHeadDrafter(draft).bind(target, to_probs)
     if not is_draft_model(draft):
         raise TypeError(

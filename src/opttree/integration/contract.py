@@ -118,7 +118,8 @@ def check_positions(position_ids: torch.Tensor | None, attention_mask: torch.Ten
 
 ADDED: dict[str, str] = {
     "draft_model": "what drafts: a small causal LM with the target's vocabulary, a draft folder (loaded with "
-                   "load_draft), \"prompt_lookup\" (n-grams of the text itself), or a Drafter; without it generate() "
+                   "load_draft: `opttree distill`'s, or a published EAGLE-3 / speculators / EAGLE-1/2 head's) or its "
+                   "Hub name, \"prompt_lookup\" (n-grams of the text itself), or a Drafter; without it generate() "
                    "is stock",
     "nodes": "the tree's node budget: each step keeps the nodes of highest path probability p̂ (the root not "
              "counted; 1 to 1024); \"auto\": the tree that maximises expected tokens per second, from this "

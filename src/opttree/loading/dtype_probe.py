@@ -27,7 +27,8 @@ from typing import Callable
 import torch
 
 from ..drafters.base import Drafter
-from ..drafters.feature_head import FeatureHead, FeatureHeadDrafter
+from ..drafters.head.base import DraftHead
+from ..drafters.head_drafter import FeatureHeadDrafter
 from ..drafters.model import ModelDrafter
 from ..kernels import linears
 from ..tree.draft_tree import DraftTree
@@ -63,8 +64,9 @@ def cast_copy(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
     for t in [*model.parameters(), *model.buffers()]:
         if t.is_floating_point():
             memo[id(t)] = cast(t)
-    if isinstance(model, FeatureHead):
-        memo[id(model.embed[0])] = model.embed[0]  # the target's embedding: shared, not copied
+    if isinstance(model, DraftHead):
+        for shared in model.shared_with_target():  # the target's embedding: shared, not copied
+            memo[id(shared)] = shared
     return copy.deepcopy(model, memo)
 
 
@@ -75,7 +77,7 @@ def model_dtype(model: torch.nn.Module) -> torch.dtype | None:
 
 def probe_drafter(model: torch.nn.Module) -> Drafter:
     """The drafter that decoding would make of ``model`` (a feature head or a causal LM)."""
-    if isinstance(model, FeatureHead):
+    if isinstance(model, DraftHead):
         return FeatureHeadDrafter(model)
     return ModelDrafter(model)
 
@@ -92,11 +94,11 @@ def _sync(device: torch.device) -> None:
 
 
 def _hidden_size(model: torch.nn.Module) -> int | None:
-    return model.c.hidden_size if isinstance(model, FeatureHead) else None
+    return model.c.hidden_size if isinstance(model, DraftHead) else None
 
 
 def _vocab(model: torch.nn.Module) -> int:
-    if isinstance(model, FeatureHead):
+    if isinstance(model, DraftHead):
         return model.c.vocab_size
     return int(model.get_input_embeddings().weight.shape[0])
 
