@@ -186,3 +186,29 @@ def test_a_weight_bigger_than_any_cache_runs_each_round_at_one_product(monkeypat
     fast_linear(x, big)  # met again: the whole re-check now
     assert len(calls) == before + TRIALS * len(names)
     assert key(3, big) in linears._choice.final()
+
+
+def test_a_product_whose_kernel_is_stock_runs_f_linears_own_ops(monkeypatch):
+    """Plain decoding's hot path: once stock is chosen, a 3-D input goes to F.linear as given, with
+    exactly the aten ops F.linear runs outside the block (no reshape in and out around it)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    fake_costs(monkeypatch, lambda name, rows, i: 1.0 if name == "stock" else 2.0)
+    w, x = torch.randn(24, 16), torch.randn(1, 1, 16)
+    for _ in range(PRODUCTS):
+        fast_linear(x, w)
+    assert linears.decisions() == {key(1, w): "stock"}
+    with Ops() as plain:
+        expected = REAL_STOCK(x, w)
+    with Ops() as fast:
+        out = fast_linear(x, w)
+    assert torch.equal(out, expected) and fast.ops == plain.ops

@@ -31,7 +31,8 @@ read from memory) they are timed again and the fastest median of that round is k
 (:func:`decisions`, :func:`settled`). Inside a forward the weights come from memory, as in decoding; a
 micro-benchmark with a hot weight favours other kernels. ``OPTTREE_LINEAR=stock``, ``weight_major``,
 ``onednn`` or ``onednn_pad`` fixes the kernel where it applies (else stock). Results agree with
-``F.linear`` to the dtype's rounding, as any two GEMM kernels do.
+``F.linear`` to the dtype's rounding, as any two GEMM kernels do; a product whose kernel is stock
+is ``F.linear``'s own call on the input as given.
 
 Scope: nothing of torch is replaced. Inside ``with fast_linears(*models):`` the ``forward`` of each
 plain ``nn.Linear`` of ``models`` with a float32 or bfloat16 CPU weight is swapped for one that
@@ -206,7 +207,8 @@ def _undecided(key: Key, dtype: torch.dtype, rows: int, flat, weight, bias) -> t
 def fast_linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
                 auto: bool = True, kernel: str = "stock") -> torch.Tensor:
     """``F.linear(input, weight, bias)`` [..., out]: a CPU product of 1..MAX_ROWS rows in float32 or
-    bfloat16 through the kernel chosen for its shape (``auto``) or through ``kernel``."""
+    bfloat16 through the kernel chosen for its shape (``auto``) or through ``kernel``. A product whose
+    kernel is stock calls the stock path on ``input`` as given (no reshapes: the hot path of plain decoding)."""
     shape = input.shape
     rows = input.numel() // shape[-1] if len(shape) and shape[-1] else 0
     dtype = input.dtype
@@ -217,6 +219,8 @@ def fast_linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
         _choice.products += 1  # the re-check's clock (approximate under threads: it only says "later")
         key = (dtype, torch.get_num_threads(), rows, *weight.shape)
         name = _choice.chosen.get(key)  # one dict read, atomic: no lock on the hot path
+        if name == "stock":
+            return _stock(input, weight, bias)
     else:
         names = candidates(dtype, rows)
         name = "onednn" if kernel == "onednn_pad" and kernel not in names else kernel  # enough rows: no padding
