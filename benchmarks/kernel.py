@@ -3,9 +3,9 @@
 Two views, both printed as markdown tables with the machine's name:
 
 * forwards (default): one verification forward of the target over each padded size (the root and a
-  tree, ``opttree.budget.timing.measure_verify``) with every kernel fixed in turn
-  (``OPTTREE_LINEAR=stock``, ``weight_major``, ``onednn``, ``onednn_pad``) and with ``auto``, timed after a first
-  pass that lets it choose (its choices are summarised below the table);
+  tree, ``opttree.budget.timing.VerifyRig``) with every kernel fixed in turn
+  (``OPTTREE_LINEAR=stock``, ``weight_major``, ``onednn``, ``onednn_pad``) and with ``auto``, timed once
+  its choices are final, re-check included (summarised below the table);
 * ``--products``: each distinct linear shape of the target alone, per row count, for every kernel
   and for MKL's packed GEMM (``torch.ops.mkl._mkl_linear``, one packed copy per row count) and
   numpy's BLAS (OpenBLAS in numpy's wheels; ``x @ W.T`` on the tensors' own memory, no copy):
@@ -38,14 +38,22 @@ MODES = ("stock", "weight_major", "onednn", "onednn_pad", "auto")
 
 
 def verify_ms(target, sizes: list[int], prefix: int, repeats: int, mode: str) -> list[float]:
-    """Median ms of a verification over 1 + n rows for each n in ``sizes``, under kernel ``mode``."""
+    """Median ms of a verification over 1 + n rows for each n in ``sizes``, under kernel ``mode``
+    (``auto``: timed once every choice is final, its re-check included, at most 40 rounds of warm-up)."""
     os.environ["OPTTREE_LINEAR"] = mode
     linears.forget_decisions()
     with linears.fast_linears(target):
-        if mode == "auto":  # let it try every kernel for every shape first
-            timing.measure_verify(target, sizes, prefix, repeats=len(linears.KERNELS) * linears.TRIALS)
-        seconds = timing.measure_verify(target, sizes, prefix, repeats=repeats)
-    return [1000 * s for s in seconds]
+        rig = timing.VerifyRig(target, prefix)
+        warm = 0
+        while warm == 0 or (mode == "auto" and not linears.settled() and warm < 40):
+            for n in sizes:
+                rig.run(n)
+            warm += 1
+        times = {n: [] for n in sizes}
+        for _ in range(repeats):
+            for n in sizes:
+                times[n].append(rig.run(n))
+    return [1000 * statistics.median(times[n]) for n in sizes]
 
 
 def product_us(out: int, inn: int, rows: int, dtype: torch.dtype, kernel: str, budget: float = 96e6) -> float:

@@ -7,9 +7,13 @@ behind the stream T(n) stays flat. This prints, from ONE run (so the same load):
 * the stream time: every weight of the target read once (``torch.sum`` of each, median of rounds),
   its bytes and the bandwidth;
 * T(rows) for each verification size (:data:`opttree.tree.sizes.VERIFY_SIZES` up to ``--max-rows``),
-  the sizes taking turns within each round, eager:
+  the sizes taking turns within each round, eager, stock and kernels taking turns forward by forward
+  on one cache (a shared machine's speed drifts over minutes: timed one block after the other,
+  the later block reads slower whatever its kernels; benchmarks/RESULTS.md, *Flat verification*):
   - ``stock``: torch's own linears (plain decoding as users run it);
-  - ``kernels``: opttree's linears (``opttree.kernels.linears``, ``auto``: each shape's fastest kernel);
+  - ``kernels``: opttree's linears (``opttree.kernels.linears``, ``auto``: each shape's fastest kernel,
+    timed after a warm-up that lasts until every choice is final, its re-check included);
+  - ``kernels ÷ stock``: the ratio of the two;
   - ``kernels' linears alone``: those linears on random rows, back to back, without the rest of the
     forward (what is above it is the framework: norms, attention, rotary, the cache, Python);
 * with ``--compile``: the same forwards over a StaticCache through ``torch.compile`` (static shapes,
@@ -65,18 +69,49 @@ def stream_ms(model, rounds: int = 7) -> tuple[float, int]:
     return 1e3 * statistics.median(times), size
 
 
-def eager_ms(model, rows: list[int], repeats: int, kernels: bool) -> list[float]:
-    """Median ms of a verification forward of each size in ``rows`` (the sizes take turns)."""
+WARM_ROUNDS = 40  # at most, rounds over the sizes until every key's kernel is final (linears.settled)
+
+
+def eager_ms(model, rows: list[int], repeats: int) -> tuple[dict[str, list[float]], int]:
+    """({"stock": ms per size, "kernels": ms per size}, warm-up rounds): median ms of a verification
+    forward of each size in ``rows``, stock's linears and opttree's (``auto``) taking turns forward by
+    forward on one cache (the first of the pair alternating), the sizes in turn within each round: a
+    machine whose speed drifts over minutes slows both alike. First the kernels' warm-up: rounds
+    over the sizes until every key has its final kernel (its first trials and its re-check)."""
     from opttree.budget import timing
     from opttree.kernels import linears
 
-    nodes = [r - 1 for r in rows]
-    os.environ["OPTTREE_LINEAR"] = "auto" if kernels else "stock"
+    os.environ["OPTTREE_LINEAR"] = "auto"
     linears.forget_decisions()
-    with linears.fast_linears(model, on=kernels):
-        if kernels:  # let auto choose each shape's kernel first
-            timing.measure_verify(model, nodes, PREFIX, repeats=len(linears.KERNELS) * linears.TRIALS)
-        return [1e3 * s for s in timing.measure_verify(model, nodes, PREFIX, repeats=repeats)]
+    rig = timing.VerifyRig(model, PREFIX)
+    nodes = [r - 1 for r in rows]
+    for n in nodes:
+        rig.run(n)
+    warm = 0
+    with linears.fast_linears(model):
+        while warm < WARM_ROUNDS and (warm == 0 or not linears.settled()):
+            for n in nodes:
+                rig.run(n)
+            warm += 1
+    times = {"stock": {n: [] for n in nodes}, "kernels": {n: [] for n in nodes}}
+    for round_ in range(repeats):
+        for i, n in enumerate(nodes):
+            pair = ("stock", "kernels") if (round_ + i) % 2 == 0 else ("kernels", "stock")
+            for name in pair:
+                with linears.fast_linears(model, on=name == "kernels"):
+                    times[name][n].append(rig.run(n))
+    return {name: [1e3 * statistics.median(t[n]) for n in nodes] for name, t in times.items()}, warm
+
+
+def kept(rows: list[int]) -> str:
+    """What auto kept per row count: "1: stock 5; 4: onednn 4, stock 1; ..."."""
+    from collections import Counter
+
+    from opttree.kernels import linears
+
+    chosen = linears.decisions()
+    return "; ".join(f"{r}: " + ", ".join(f"{k} {c}" for k, c in Counter(
+        name for key, name in chosen.items() if key[2] == r).most_common()) for r in rows)
 
 
 def linears_ms(model, rows: list[int], repeats: int) -> list[float]:
@@ -234,6 +269,7 @@ def load(args):
 
 
 def main(argv=None) -> None:
+    from opttree.kernels import linears
     from opttree.loading.machine import bf16_flags, cpu_model
     from opttree.tree.sizes import VERIFY_SIZES
 
@@ -261,8 +297,9 @@ def main(argv=None) -> None:
     saved = os.environ.get("OPTTREE_LINEAR")
     try:
         stream, size = stream_ms(model)
-        table = {"stock": eager_ms(model, rows, args.repeats, kernels=False),
-                 "kernels": eager_ms(model, rows, args.repeats, kernels=True)}
+        table, warm = eager_ms(model, rows, args.repeats)
+        settled = linears.settled()
+        table["kernels ÷ stock"] = [k / s for k, s in zip(table["kernels"], table["stock"])]
         table["kernels' linears alone"] = linears_ms(model, rows, args.repeats)
         compiled = compiled_ms(model, rows, args.repeats, args.freezing) if args.compile else None
         stream_again, _ = stream_ms(model)
@@ -272,15 +309,21 @@ def main(argv=None) -> None:
         else:
             os.environ["OPTTREE_LINEAR"] = saved
     print(f"{cpu_model()} ({', '.join(bf16_flags()) or 'no AVX-512/AMX'}), torch {torch.__version__}, "
-          f"{args.threads} thread(s), {args.dtype}, {PREFIX}-token prefix, median of {args.repeats}")
+          f"{args.threads} thread(s), {args.dtype}, {PREFIX}-token prefix, median of {args.repeats}; "
+          f"stock and kernels take turns forward by forward")
     print(f"weights: {size / 1e6:.0f} MB read in {stream:.1f} ms ({size / stream / 1e6:.1f} GB/s; "
           f"{stream_again:.1f} ms at the end)")
+    print(f"the kernels' warm-up: {warm} round(s) over the sizes, "
+          + ("every kernel final" if settled else "NOT every kernel final yet") + f"; kept per row count: {kept(rows)}")
     print()
     print("| ms | " + " | ".join(str(r) for r in rows) + " | T(16)/T(1) | T(1)/stream |")
     print("|---|" + "---|" * (len(rows) + 2))
     if compiled is not None:
         table["compiled" + (" + freezing" if args.freezing else "")] = compiled[1]
     for name, ms in table.items():
+        if name == "kernels ÷ stock":
+            print(f"| {name} | " + " | ".join(f"{m:.2f}" for m in ms) + " | | |")
+            continue
         t1, t16 = ms[rows.index(1)], ms[rows.index(16)] if 16 in rows else float("nan")
         print(f"| {name} | " + " | ".join(f"{m:.1f}" for m in ms) + f" | {t16 / t1:.2f} | {t1 / stream:.2f} |")
     if compiled is not None:

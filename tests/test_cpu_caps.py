@@ -31,7 +31,7 @@ import pytest
 TESTS = Path(__file__).parent
 AVX2_ONLY = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
 # The tests whose outcome depends on which kernels and dtypes this CPU offers, or on how it rounds.
-CHOICE_TESTS = ["test_linears.py", "test_draft_dtype.py", "test_distill_precision.py",
+CHOICE_TESTS = ["test_linears.py", "test_kernel_choice.py", "test_draft_dtype.py", "test_distill_precision.py",
                 "test_low_precision_loading.py", "test_ties.py", "test_devices.py"]
 
 PROBE = """

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from opttree.kernels import linears
+from opttree.kernels.choice import Chooser
 from opttree.kernels.linears import MAX_ROWS, TRIALS, fast_linear, fast_linears
 
 ORIGINAL = torch.nn.functional.linear
@@ -21,9 +22,7 @@ REAL_KERNELS = dict(linears._KERNEL)
 @pytest.fixture(autouse=True)
 def default_kernel(monkeypatch):
     monkeypatch.delenv("OPTTREE_LINEAR", raising=False)  # the default, whatever the caller's shell says
-    monkeypatch.setattr(linears, "_chosen", {})  # no choices carried in from other tests
-    monkeypatch.setattr(linears, "_trials", {})
-    monkeypatch.setattr(linears, "_dropped", {})
+    monkeypatch.setattr(linears, "_choice", Chooser())  # no choices or trials carried in from other tests
     monkeypatch.setattr(linears, "_KERNEL", dict(REAL_KERNELS))
 
 
@@ -448,7 +447,7 @@ def test_concurrent_auto_trials_record_every_run_once():
         t.join(30)
     n = torch.get_num_threads()
     assert not errors and set(linears.decisions()) == {(torch.float32, n, r, 24, 16) for r in (1, 2, 3)}
-    assert linears._trials == {}
+    assert linears._choice.rounds == {}  # no trial left in progress
 
 
 def test_a_fixed_kernel_skips_the_trials(monkeypatch):
@@ -457,7 +456,7 @@ def test_a_fixed_kernel_skips_the_trials(monkeypatch):
     with fast_linears():
         for _ in range(3):
             torch.nn.functional.linear(torch.randn(2, 16), torch.randn(24, 16))
-    assert linears.decisions() == {} and linears._trials == {} and len(calls) == 3
+    assert linears.decisions() == {} and linears._choice.rounds == {} and len(calls) == 3
 
 
 @pytest.mark.parametrize("linear, mode", [(None, "auto"), ("onednn", "onednn"), (" Stock ", "stock"), ("auto", "auto")])

@@ -23,12 +23,16 @@ A kernel that fails anyway in a trial is dropped from that shape's candidates an
 compete. MKL's packed GEMM (``torch.ops.mkl._mkl_linear``) is no candidate: it needs a copy per row
 count and lost to oneDNN at every shape measured (``benchmarks/kernel.py --products``).
 
-Which kernel: ``OPTTREE_LINEAR=auto`` (the default) times each candidate TRIALS times per (dtype,
-threads, rows, out, in) inside the real forwards, the candidates taking turns, and keeps the fastest
-median for the process (:func:`decisions`). Inside a forward the weights come from memory, as in
-decoding; a micro-benchmark with a hot weight favours other kernels. ``OPTTREE_LINEAR=stock``,
-``weight_major``, ``onednn`` or ``onednn_pad`` fixes the kernel where it applies (else stock).
-Results agree with ``F.linear`` to the dtype's rounding, as any two GEMM kernels do.
+Which kernel: ``OPTTREE_LINEAR=auto`` (the default) chooses per (dtype, threads, rows, out, in), so
+per row count, stock always among the candidates (:mod:`opttree.kernels.choice`): the candidates are
+timed TRIALS times each inside the real forwards, taking turns, and the fastest median serves the
+key provisionally; after warm-up (once that kernel has met every weight of the key: packed, and
+read from memory) they are timed again and the fastest median of that round is kept for the process
+(:func:`decisions`, :func:`settled`). Inside a forward the weights come from memory, as in decoding; a
+micro-benchmark with a hot weight favours other kernels. ``OPTTREE_LINEAR=stock``, ``weight_major``,
+``onednn`` or ``onednn_pad`` fixes the kernel where it applies (else stock). Results agree with
+``F.linear`` to the dtype's rounding, as any two GEMM kernels do; a product whose kernel is stock
+is ``F.linear``'s own call on the input as given.
 
 Scope: nothing of torch is replaced. Inside ``with fast_linears(*models):`` the ``forward`` of each
 plain ``nn.Linear`` of ``models`` with a float32 or bfloat16 CPU weight is swapped for one that
@@ -45,9 +49,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import statistics
 import threading
-import time
 import types
 from typing import Callable
 
@@ -55,18 +57,16 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils.weak import WeakTensorKeyDictionary
 
+from .choice import TRIALS, Chooser, Key, pick
 from .cpu import cpu_support
 
 MAX_ROWS = 64  # products of more rows (prefills) take the stock path
-TRIALS = 3  # timed products of each candidate per key before "auto" picks one
 # A weight this big comes from memory even when multiplied several times in a row (bigger than any
-# CPU's last-level cache): its key's trials all run at its first product, instead of one product
+# CPU's last-level cache): each round of its key's trials runs at one product, instead of one product
 # per forward (an LM head, met once a forward, would otherwise take len(candidates) * TRIALS forwards).
 IN_PLACE_BYTES = 128 << 20
 KERNELS = ("stock", "weight_major", "onednn", "onednn_pad")
 DTYPES = (torch.float32, torch.bfloat16)
-
-Key = tuple[torch.dtype, int, int, int, int]  # (dtype, torch threads, rows, out, in)
 
 F_LINEAR = torch._C._nn.linear  # the builtin behind torch.nn.functional.linear: what the mode looks for
 _stock = F_LINEAR  # the stock path (tests swap it to count its calls)
@@ -99,6 +99,12 @@ def packed_weight(weight: torch.Tensor) -> torch.Tensor:
                 entry = (weight._version, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 16))
                 _packed[weight] = entry
     return entry[1]
+
+
+def is_packed(weight: torch.Tensor) -> bool:
+    """Whether ``weight`` has a packed copy of its current values already (none is made)."""
+    entry = _packed.get(weight)
+    return entry is not None and entry[0] == weight._version
 
 
 def _onednn(flat: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -150,128 +156,78 @@ def mode() -> str:
     return value
 
 
-_lock = threading.Lock()  # guards _chosen, _trials and _dropped: decodes in several threads share them
-_chosen: dict[Key, str] = {}  # key -> the kernel auto keeps
-_trials: dict[Key, dict[str, list[float]]] = {}  # key -> seconds of each candidate's timed products
-_dropped: dict[Key, set[str]] = {}  # key -> candidates that raised in a trial (never tried again for it)
+_choice = Chooser()  # this process's choices (kernels/choice.py); the tests give each test a fresh one
 
 
 def decisions() -> dict[Key, str]:
-    """The kernels ``auto`` chose so far: ``{(dtype, threads, rows, out, in): kernel}``."""
-    with _lock:
-        return dict(_chosen)
+    """The kernels ``auto`` takes now, provisional or final: ``{(dtype, threads, rows, out, in): kernel}``."""
+    return _choice.decisions()
+
+
+def settled() -> bool:
+    """Whether every key met so far has its final kernel (its re-check done, none still trying)."""
+    return _choice.settled()
 
 
 def dropped() -> dict[Key, set[str]]:
     """The candidates that failed in a trial, per key: ``{(dtype, threads, rows, out, in): {kernel}}``."""
-    with _lock:
-        return {key: set(names) for key, names in _dropped.items()}
+    with _choice.lock:
+        return {key: set(names) for key, names in _choice.dropped.items()}
 
 
 def forget_decisions() -> None:
     """Start the choice afresh (a benchmark that changes threads or kernels between runs)."""
-    with _lock:
-        _chosen.clear()
-        _trials.clear()
-        _dropped.clear()
+    _choice.forget()
 
 
-def pick(times: dict[str, list[float]]) -> str:
-    """The kernel with the lowest median time (ties: the earlier candidate)."""
-    return min(times, key=lambda name: statistics.median(times[name]))
-
-
-def _still_in(key: Key, names: tuple[str, ...]) -> tuple[str, ...]:
-    """``names`` less those dropped for ``key`` (stock, the fallback, is never dropped). Under _lock."""
-    gone = _dropped.get(key, ())
-    return tuple(n for n in names if n not in gone)
-
-
-def _next_trial(key: Key, names: tuple[str, ...]) -> str:
-    """The candidate still in for ``key`` with the fewest timed products so far (candidates' order on ties)."""
-    with _lock:
-        times = _trials.get(key, {})
-        return min(_still_in(key, names), key=lambda name: len(times.get(name, ())))
-
-
-def _decide_if_done(key: Key, names: tuple[str, ...]) -> None:
-    """Once every candidate still in has TRIALS timed products, keep the fastest median. Under _lock."""
-    times = _trials.get(key, {})
-    left = _still_in(key, names)
-    if all(len(times.get(n, ())) >= TRIALS for n in left):
-        _chosen[key] = pick({n: times[n] for n in left}) if left else "stock"
-        _trials.pop(key, None)
-
-
-def _record(key: Key, names: tuple[str, ...], name: str, seconds: float) -> None:
-    """One timed product; after TRIALS of each candidate still in, the fastest median is kept. A
-    product finished after another thread decided ``key`` is dropped."""
-    with _lock:
-        if key in _chosen:
-            return
-        _trials.setdefault(key, {}).setdefault(name, []).append(seconds)
-        _decide_if_done(key, names)
-
-
-def _drop(key: Key, names: tuple[str, ...], name: str) -> None:
-    """``name`` raised for ``key``: out of its candidates; the others still compete."""
-    with _lock:
-        if key in _chosen:
-            return
-        _dropped.setdefault(key, set()).add(name)
-        _decide_if_done(key, names)
-
-
-def _trial(key: Key, names: tuple[str, ...], flat, weight, bias) -> torch.Tensor:
-    out = _trial_once(key, names, flat, weight, bias)
-    if weight.numel() * weight.element_size() >= IN_PLACE_BYTES:  # every trial now (see IN_PLACE_BYTES)
-        while key not in _chosen:
-            _trial_once(key, names, flat, weight, bias)
-    return out
-
-
-def _trial_once(key: Key, names: tuple[str, ...], flat, weight, bias) -> torch.Tensor:
-    """One timed product of the candidate with the fewest so far (see :func:`_next_trial`); a oneDNN
-    candidate's packed copy of the weight is made before the clock starts (made once, it is no part
-    of a product's cost)."""
-    name = _next_trial(key, names)
-    if name in PACKED and cpu_support().onednn:
+def _ready(weight: torch.Tensor) -> Callable[[str, bool], bool]:
+    """Whether a candidate can be timed on a product of ``weight``: a oneDNN one packs the weight before
+    the clock starts in the first trials (a one-time copy, no part of a product's cost) and in the
+    re-check takes only a weight packed before (a copy packed just now is hot in the cache)."""
+    def ready(name: str, second: bool) -> bool:
+        if name not in PACKED or not cpu_support().onednn:
+            return True
+        if second:
+            return is_packed(weight)
         try:
             packed_weight(weight)
         except (RuntimeError, NotImplementedError):
-            pass  # the product below fails the same way and drops the candidate
-    start = time.perf_counter()
-    try:
-        out = _KERNEL[name](flat, weight, bias)
-    except (RuntimeError, NotImplementedError):  # a kernel this CPU, build or shape cannot run after all
-        if name == "stock":
-            raise  # what F.linear itself raises (mixed dtypes, wrong shapes): the caller's error
-        _drop(key, names, name)
-        return _stock(flat, weight, bias)
-    _record(key, names, name, time.perf_counter() - start)
-    return out
+            pass  # the product fails the same way and drops the candidate
+        return True
+    return ready
+
+
+def _undecided(key: Key, dtype: torch.dtype, rows: int, flat, weight, bias) -> torch.Tensor:
+    """A product of a key without a final kernel: its provisional kernel's, or a trial (kernels/choice.py)."""
+    in_place = weight.numel() * weight.element_size() >= IN_PLACE_BYTES
+    return _choice.product(key, candidates(dtype, rows), lambda name: _KERNEL[name](flat, weight, bias),
+                           _ready(weight), id(weight), in_place)
 
 
 def fast_linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
                 auto: bool = True, kernel: str = "stock") -> torch.Tensor:
     """``F.linear(input, weight, bias)`` [..., out]: a CPU product of 1..MAX_ROWS rows in float32 or
-    bfloat16 through the kernel chosen for its shape (``auto``) or through ``kernel``."""
-    x = input
-    rows = x.numel() // x.shape[-1] if x.dim() and x.shape[-1] else 0
-    dtype = x.dtype
-    if (not 1 <= rows <= MAX_ROWS or x.device.type != "cpu" or dtype not in DTYPES or weight.dtype != dtype
+    bfloat16 through the kernel chosen for its shape (``auto``) or through ``kernel``. A product whose
+    kernel is stock calls the stock path on ``input`` as given (no reshapes: the hot path of plain decoding)."""
+    shape = input.shape
+    rows = input.numel() // shape[-1] if len(shape) and shape[-1] else 0
+    dtype = input.dtype
+    if (not 1 <= rows <= MAX_ROWS or not input.is_cpu or dtype not in DTYPES or weight.dtype != dtype
             or weight.dim() != 2 or (bias is not None and bias.dtype != dtype)):
-        return _stock(x, weight, bias)
-    names = candidates(dtype, rows)
-    flat = x if x.dim() == 2 else x.reshape(rows, -1)  # [rows, in] (a view op only where it is needed)
+        return _stock(input, weight, bias)
     if auto:
+        _choice.products += 1  # the re-check's clock (approximate under threads: it only says "later")
         key = (dtype, torch.get_num_threads(), rows, *weight.shape)
-        name = _chosen.get(key)  # one dict read, atomic: no lock on the hot path
-        out = _trial(key, names, flat, weight, bias) if name is None else _KERNEL[name](flat, weight, bias)
+        name = _choice.chosen.get(key)  # one dict read, atomic: no lock on the hot path
+        if name == "stock":
+            return _stock(input, weight, bias)
     else:
-        fixed = "onednn" if kernel == "onednn_pad" and kernel not in names else kernel  # enough rows: no padding
-        out = _KERNEL[fixed if fixed in names else "stock"](flat, weight, bias)
-    return out if x.dim() == 2 else out.reshape(*x.shape[:-1], weight.shape[0])
+        names = candidates(dtype, rows)
+        name = "onednn" if kernel == "onednn_pad" and kernel not in names else kernel  # enough rows: no padding
+        name = name if name in names else "stock"
+    flat = input if len(shape) == 2 else input.reshape(rows, -1)  # [rows, in] (a view op only where it is needed)
+    out = _KERNEL[name](flat, weight, bias) if name is not None else _undecided(key, dtype, rows, flat, weight, bias)
+    return out if len(shape) == 2 else out.reshape(*shape[:-1], weight.shape[0])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -388,6 +344,6 @@ def fast_linears(*models, on: bool = True):
         _this_thread.open = False
 
 
-__all__ = ["DTYPES", "IN_PLACE_BYTES", "KERNELS", "MAX_ROWS", "TRIALS", "FastLinearMode", "active", "candidates", "decisions",
-           "dropped", "fast_linear", "fast_linears", "forget_decisions", "helps", "linear", "mode",
-           "packed_weight", "pick", "swappable"]
+__all__ = ["DTYPES", "IN_PLACE_BYTES", "KERNELS", "MAX_ROWS", "TRIALS", "FastLinearMode", "active", "candidates",
+           "decisions", "dropped", "fast_linear", "fast_linears", "forget_decisions", "helps", "is_packed", "linear",
+           "mode", "packed_weight", "pick", "settled", "swappable"]
