@@ -42,7 +42,7 @@ from pathlib import Path
 
 import torch
 
-from opttree.drafters.feature_head import FeatureHead
+from opttree.drafters.head.feature_head import FeatureHead
 from opttree.hf.compat import with_cache
 
 logger = logging.getLogger("draft_agreement")

@@ -311,7 +311,7 @@ def test_sampling_keeps_each_rows_law(verifier, strategy, drafter):
     if drafter == "head":
         from opttree.distill.head import new_head
         from opttree.drafters.base import PerRow
-        from opttree.drafters.feature_head import FeatureHeadDrafter
+        from opttree.drafters.head.feature_head import FeatureHeadDrafter
 
         head = new_head(target)[0]
     stop = StoppingCriteriaList([MaxLengthCriteria(max_length=ids.shape[1] + 2)])

@@ -18,7 +18,7 @@ from opttree.tree.plan import FixedPolicy, LayerState, StepPlan
 from opttree.tree.builder import build_opt_tree
 from opttree.distill.head import new_head
 from opttree.drafters import ModelDrafter, PromptLookupDrafter
-from opttree.drafters.feature_head import FeatureHeadDrafter
+from opttree.drafters.head.feature_head import FeatureHeadDrafter
 from opttree.loop.stats import LayerTiming, StepStats
 from opttree.tree.strategies import build_tree
 from test_builder import synthetic_probs

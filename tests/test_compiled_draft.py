@@ -1,4 +1,4 @@
-"""A feature head drafting on fixed shapes, its forwards compiled (drafters/head_graph.py), where the
+"""A feature head drafting on fixed shapes, its forwards compiled (drafters/head/graph.py), where the
 verification compiles: a GPU by default, here a CPU told to with CompileConfig's
 ``_compile_all_devices``. Its q equals the eager drafter's; the tree's positions and masks are right
 (an oracle head is accepted all the way, and a drafter one position off is caught); greedy output
@@ -17,8 +17,8 @@ from transformers import CompileConfig
 from models import peaked, tiny_model
 from opttree import SpeculativeGenerator, speculative_generate
 from opttree.distill.head import new_head
-from opttree.drafters.head_drafter import CompiledHeadDrafter, FeatureHeadDrafter
-from opttree.drafters.head_graph import HeadSteps
+from opttree.drafters.head.drafter import CompiledHeadDrafter, FeatureHeadDrafter
+from opttree.drafters.head.graph import HeadSteps
 from opttree.tree import DraftTree
 import test_feature_head  # its OffByOne, made a compiled drafter below
 from test_feature_head import drafter_after, oracle_head, prompt, randomised, sharp_one_layer_target
@@ -139,7 +139,7 @@ def test_greedy_through_the_compiled_draft_equals_plain_and_compiles_one_graph_p
     """Negative control (fixed=False): buffers sized to each call's own room compile every width again
     for a second prompt length."""
     if not fixed:
-        monkeypatch.setattr("opttree.drafters.head_drafter.cache_slots", lambda room: room)
+        monkeypatch.setattr("opttree.drafters.head.drafter.cache_slots", lambda room: room)
     target = peaked(tiny_model(family, seed=0), scale=30.0)
     target.generation_config.eos_token_id = None
     head = randomised(new_head(target)[0])
@@ -194,7 +194,7 @@ def test_a_width_whose_compile_fails_runs_eagerly_with_one_warning(caplog):
             return gm.forward
 
     ids = prompt(0)
-    with caplog.at_level(logging.WARNING, logger="opttree.drafters.head_graph"):
+    with caplog.at_level(logging.WARNING, logger="opttree.drafters.head.graph"):
         out = spec(target, head, ids, max_new_tokens=24, nodes=12, threshold=0.0, compile_config=forced(Broken()))
     assert torch.equal(out.sequences, target.generate(ids, max_new_tokens=24, do_sample=False))
     warnings = [r for r in caplog.records if "compiled draft step of 8 rows failed" in r.getMessage()]

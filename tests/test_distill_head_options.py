@@ -14,7 +14,7 @@ from opttree.distill.head import grown, new_head
 from opttree.loading.head_file import save_head
 from opttree.distill.head_data import pick_layers
 from opttree.distill.head_train import HeadTrainConfig, chunks, make_batch, train_head, unrolled
-from opttree.drafters.feature_head import HeadConfig
+from opttree.drafters.head.feature_head import HeadConfig
 from test_feature_head import randomised
 from opttree.tree import DraftTree
 

@@ -9,7 +9,7 @@ from models import tiny_model
 from opttree import SpeculativeGenerator
 from opttree.distill.head import new_head
 from opttree.drafters import MixedDrafter, PromptLookupDrafter
-from opttree.drafters.feature_head import FeatureHeadDrafter
+from opttree.drafters.head.feature_head import FeatureHeadDrafter
 from opttree.tree.builder import children_of, grow_opt_tree, top_children
 from opttree.tree.config import TreeConfig
 from opttree.tree.draft_probs import DraftProbs, kept_columns, mix

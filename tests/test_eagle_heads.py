@@ -274,7 +274,7 @@ def test_sampling_with_an_eagle_head_has_the_targets_two_token_law(tmp_path):
     from transformers import MaxLengthCriteria, StoppingCriteriaList
 
     from opttree import TreeConfig
-    from opttree.drafters.head_drafter import FeatureHeadDrafter
+    from opttree.drafters.head.drafter import FeatureHeadDrafter
     from opttree.hf import kv_cache
     from opttree.loop.generation import DecodeSettings, speculative_decode
     from opttree.verify.sampling import draft_to_probs
@@ -467,3 +467,26 @@ except ValueError as error:
     lines = out.stdout.strip().splitlines()
     assert lines[0] == "EagleHead True"
     assert "'acme/not-cached': the Hub repository is not in the local cache" in lines[1] and "hf download" in lines[1]
+
+
+@pytest.mark.parametrize("name", ["eagle3-layers0", "speculators", "eagle1"])
+def test_a_folder_string_through_every_way_in(name, tmp_path):
+    """draft_model=<folder str> on generate(custom_generate=...), speculative(target) and
+    SpeculativeGenerator, greedy and sampled (a seed gives the same output twice), and a MixedDrafter
+    of the loaded head with prompt lookup."""
+    from opttree import MixedDrafter, SpeculativeGenerator, speculative_generate
+
+    target = target_for("qwen2")
+    folder = str(WRITERS[name](tmp_path / name, target))
+    ids = prompt(4)
+    ref = target.generate(ids, max_new_tokens=12, do_sample=False)
+    assert torch.equal(target.generate(ids, max_new_tokens=12, do_sample=False, custom_generate=speculative_generate,
+                                       draft_model=folder, nodes=6), ref)
+    assert torch.equal(SpeculativeGenerator(target, folder, nodes=6).generate(ids, max_new_tokens=12,
+                                                                            do_sample=False), ref)
+    mixed = MixedDrafter(opttree.load_draft(folder, target), weight=0.5)
+    assert torch.equal(speculative(target).generate(ids, max_new_tokens=12, do_sample=False, draft_model=mixed,
+                                                    nodes=6), ref)
+    runs = [speculative(target).generate(ids, max_new_tokens=12, do_sample=True, temperature=0.8, draft_model=folder,
+                                         nodes=6, generator=torch.Generator().manual_seed(7)) for _ in range(2)]
+    assert torch.equal(runs[0], runs[1])

@@ -165,7 +165,7 @@ config = LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hi
 target = LlamaForCausalLM(config).eval()
 from opttree.loading.head_file import HeadMeta, save_head, HEAD_FORMAT
 from opttree.loading.files import embedding_checksum
-from opttree.drafters.feature_head import FeatureHead, HeadConfig
+from opttree.drafters.head.feature_head import FeatureHead, HeadConfig
 c = HeadConfig.for_target(target.config)
 head = FeatureHead(c, target.get_input_embeddings(), target.lm_head.weight.detach().float(), torch.arange(c.vocab_size))
 save_head(head, HeadMeta(HEAD_FORMAT, c.to_dict(), None, embedding_checksum(target)), {str(tmp_path)!r})

@@ -343,7 +343,7 @@ def test_end_to_end_two_tokens_have_the_target_law(verifier, strategy, kind, agr
     draft = target if agree is True else tiny_lm(5, scale=4.0)
     if agree == "head":
         from opttree.distill.head import new_head
-        from opttree.drafters.feature_head import FeatureHeadDrafter
+        from opttree.drafters.head.feature_head import FeatureHeadDrafter
 
         head = new_head(target)[0]
         with torch.no_grad():

@@ -1,4 +1,4 @@
-"""Make a :class:`~opttree.drafters.feature_head.FeatureHead` to train (:func:`new_head`), go on
+"""Make a :class:`~opttree.drafters.head.feature_head.FeatureHead` to train (:func:`new_head`), go on
 training a saved one (:func:`continued_head`), or widen and grow one. Its folder's format (save,
 load) is the runtime's: :mod:`opttree.loading.head_file`.
 """
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from ..drafters.feature_head import FeatureHead, HeadConfig
+from ..drafters.head.feature_head import FeatureHead, HeadConfig
 from ..loading import files, head_file
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..drafters.feature_head import FeatureHead
+from ..drafters.head.feature_head import FeatureHead
 from .head_data import FeatureBatch
 from .train import soft_hard_loss
 

@@ -1,4 +1,4 @@
-"""Train a :class:`~opttree.drafters.feature_head.FeatureHead` on the target's features.
+"""Train a :class:`~opttree.drafters.head.feature_head.FeatureHead` on the target's features.
 
 Data: records from :mod:`opttree.distill.features` (tokens, the target's features ``f`` and its
 top-k next-token logits at every position).
@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..drafters.feature_head import FeatureHead
+from ..drafters.head.feature_head import FeatureHead
 from .head_data import FeatureBatch, chunks, make_batch, pieces, token_batches
 from .checkpoint import (TrainState, capture_rng, load_optimizer_tensors, load_train_state, optimizer_tensors,
                          restore_rng, rng_from_json, rng_to_json, save_train_state)

@@ -2,7 +2,8 @@
 
 * :mod:`.base`: the interface the loop talks to (``Drafter``, ``DrafterRows``, ``PerRow``);
 * :mod:`.model`, :mod:`.batch_model`: a draft model, one row or a batch of rows per forward;
-* :mod:`.feature_head`: an EAGLE-style head on the target's features; :mod:`.ngram`: prompt lookup;
+* :mod:`.head`: heads on the target's features, every layout in one folder (opttree's feature head,
+  the published EAGLE heads), their layer, KV, fixed-shape step and drafters; :mod:`.ngram`: prompt lookup;
   :mod:`.mixed`: two drafters as one; :mod:`.truncated`: a stand-in draft cut from the target;
 * :mod:`.make`: ``draft_model=`` -> a drafter, and the checks of a draft model against its target.
 

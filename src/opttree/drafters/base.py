@@ -114,7 +114,7 @@ class Drafter(ABC):
         (``compile_config``: a ``transformers.CompileConfig``), for a call whose sequences reach at most
         ``room`` tokens. Called once per call, after :meth:`bind`, where opttree verifies through the
         compiled forward (a GPU by default). Default: ``self``, eager (a model drafter's forwards stay
-        eager; a feature head drafts on fixed shapes, :mod:`opttree.drafters.head_graph`)."""
+        eager; a feature head drafts on fixed shapes, :mod:`opttree.drafters.head.graph`)."""
         return self
 
     def fresh(self) -> "Drafter":

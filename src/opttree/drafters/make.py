@@ -11,7 +11,7 @@ from ..hf.validation import check_attention, check_causal_lm, check_weights, con
 from ..tree.layout import MaskLayout
 from .base import Drafter, ToProbs
 from .head.base import DraftHead
-from .head_drafter import FeatureHeadDrafter
+from .head.drafter import FeatureHeadDrafter
 from .model import ModelDrafter
 from .ngram import PromptLookupDrafter
 

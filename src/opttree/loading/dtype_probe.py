@@ -1,6 +1,6 @@
 """A draft timed in float32 and in bfloat16 as decoding runs it, for ``load_draft(..., dtype="auto")``.
 
-The probe drives the draft through its drafter (:class:`~opttree.drafters.feature_head.FeatureHeadDrafter`
+The probe drives the draft through its drafter (:class:`~opttree.drafters.head.feature_head.FeatureHeadDrafter`
 for a feature head, :class:`~opttree.drafters.model.ModelDrafter` for a draft model) on made-up
 tokens: after a prefill of PROBE_PREFIX tokens, one *round* is, for each width w in PROBE_WIDTHS,
 one decoding step's drafting: ``root_probs`` over one newly committed token, then ``expand`` of a
@@ -28,7 +28,7 @@ import torch
 
 from ..drafters.base import Drafter
 from ..drafters.head.base import DraftHead
-from ..drafters.head_drafter import FeatureHeadDrafter
+from ..drafters.head.drafter import FeatureHeadDrafter
 from ..drafters.model import ModelDrafter
 from ..kernels import linears
 from ..tree.draft_tree import DraftTree

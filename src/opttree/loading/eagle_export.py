@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from ..drafters.feature_head import FeatureHead
+from ..drafters.head.feature_head import FeatureHead
 from ..drafters.head.eagle import EAGLE1, EAGLE3, EagleConfig, EagleHead, default_taps
 from .eagle_folder import CONFIG_FILE, SAFETENSORS
 

@@ -1,4 +1,4 @@
-"""A :class:`~opttree.drafters.feature_head.FeatureHead`'s folder (EAGLE-style draft): save and load.
+"""A :class:`~opttree.drafters.head.feature_head.FeatureHead`'s folder (EAGLE-style draft): save and load.
 
 A saved head is a folder with ``opttree_draft.json`` (format tag, shapes, target fingerprint) and
 ``model.safetensors`` holding only what the target cannot rebuild: fc, the layer, the norm, the
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from ..drafters.feature_head import FeatureHead, HeadConfig
+from ..drafters.head.feature_head import FeatureHead, HeadConfig
 from ..hf.inflated import carried_embedding, carried_rows, carried_width, text_config
 from .files import (COUNT, INDEX_OR_NULL, INTEGERS, META_FILE, NUMBER, OBJECT, POSITIVE, REWRITE, TEXT, WEIGHTS_FILE,
                     check_format, embedding_matches, first_problem, parse_meta, read_meta, read_weights, weights_mismatch)

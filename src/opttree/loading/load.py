@@ -23,7 +23,7 @@ from .head_file import HEAD_FORMATS, load_head
 def load_draft(path: str | Path, target, dtype: torch.dtype | str | None = None):
     """The draft saved in the folder ``path`` (by ``opttree distill``), completed from ``target``:
     a draft model (an eval-mode ``LlamaForCausalLM``, :mod:`.draft_model`) or a feature head (a
-    :class:`~opttree.drafters.feature_head.FeatureHead`, :mod:`.head_file`), by the format its
+    :class:`~opttree.drafters.head.feature_head.FeatureHead`, :mod:`.head_file`), by the format its
     ``opttree_draft.json`` names; or a published EAGLE head (EAGLE-3, its ``speculators`` form,
     EAGLE-1/2: a folder with a ``config.json``, :mod:`.eagle_folder`), an
     :class:`~opttree.drafters.head.eagle.EagleHead`. ``target`` must be the model it was made for

@@ -1,15 +1,18 @@
-"""Heads: one-layer drafts that read the target's features, and the layouts they come in.
+"""Heads: one-layer drafts that read the target's features, every layout in this one folder.
 
 * :mod:`.base`: :class:`DraftHead`, what every head declares (its entries, fed features, output
-  columns) for the head drafters (:mod:`opttree.drafters.head_drafter`, fixed shapes in
-  :mod:`opttree.drafters.head_graph`);
-* :mod:`.eagle`: the published EAGLE layouts (EAGLE-3, the ``speculators`` form of it, EAGLE-1/2):
-  :class:`EagleConfig` and :class:`EagleHead`, each layout's forward; :mod:`.eagle_layers` their
-  decoder layers (built on :mod:`opttree.drafters.head_layer`: RMSNorm, RoPE, KV, one Llama layer).
+  columns) for the head drafters;
+* :mod:`.layer`: the parts of a head's decoder layer (RMSNorm, RoPE, a KV cache of explicit
+  tensors, one Llama layer with an attention-input hook);
+* :mod:`.drafter`: the per-call drafters of any head (``FeatureHeadDrafter``, eager; its fixed-shape
+  twin ``CompiledHeadDrafter``), :mod:`.graph`: the step on fixed shapes that compiles;
+* the layouts' forwards: :mod:`.feature_head` (opttree's own head, ``FeatureHead``, ``HeadConfig``),
+  :mod:`.eagle` (the published EAGLE-3, speculators and EAGLE-1/2 heads, ``EagleHead``) and
+  :mod:`.eagle_layers` (their layers).
 
-opttree's own head is :mod:`opttree.drafters.feature_head`. Folders are read and written in
-:mod:`opttree.loading` (:mod:`opttree.loading.eagle_folder`).
+Folders are read and written in :mod:`opttree.loading` (``head_file``, ``eagle_folder``,
+``eagle_export``); training in :mod:`opttree.distill`.
 
-May import: the rest of :mod:`opttree.drafters` below it (head_layer), :mod:`opttree.kernels`,
-:mod:`opttree.hf`. Imported by the drafters and by the loading.
+May import: the rest of :mod:`opttree.drafters` (``base``, ``model``), :mod:`opttree.tree`,
+:mod:`opttree.hf`, :mod:`opttree.kernels`. Imported by the drafters (``make``), the loading and the face.
 """

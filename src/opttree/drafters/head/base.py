@@ -1,6 +1,6 @@
-"""The interface every head declares: what the head drafters (:mod:`opttree.drafters.head_drafter`,
-:mod:`opttree.drafters.head_graph`) and the loading ask of a one-layer draft head that reads the
-target's features (opttree's own :class:`~opttree.drafters.feature_head.FeatureHead`, and the
+"""The interface every head declares: what the head drafters (:mod:`opttree.drafters.head.drafter`,
+:mod:`opttree.drafters.head.graph`) and the loading ask of a one-layer draft head that reads the
+target's features (opttree's own :class:`~opttree.drafters.head.feature_head.FeatureHead`, and the
 published EAGLE layouts of :mod:`.eagle`).
 
 A head has *entries*: entry ``e`` reads the embedding of token ``e + first_entry`` and a *fed
@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from ...kernels import linears
-from ..head_layer import KV
+from .layer import KV
 
 
 class DraftHead(nn.Module, ABC):
@@ -45,7 +45,7 @@ class DraftHead(nn.Module, ABC):
     @abstractmethod
     def step_into(self, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, cache: KV,
                   slots: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """The same forward on fixed buffers (:mod:`opttree.drafters.head_graph`): features [w, h],
+        """The same forward on fixed buffers (:mod:`opttree.drafters.head.graph`): features [w, h],
         tokens [w], positions [w], cache [1, layers * kv_heads, S, d] written in place at ``slots``
         [w], mask [1, 1, w, S] -> the next fed features [w, h]."""
 
@@ -97,7 +97,7 @@ class DraftHead(nn.Module, ABC):
 
     def for_target(self, target):
         """A fresh drafter for one generate() call on ``target`` (checked to fit this head)."""
-        from ..head_drafter import FeatureHeadDrafter
+        from .drafter import FeatureHeadDrafter
 
         return FeatureHeadDrafter(self).bind(target, None)
 

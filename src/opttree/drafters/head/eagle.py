@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from ...hf.inflated import text_config
-from ..head_layer import KV, HeadLayer, RMSNorm
+from .layer import KV, HeadLayer, RMSNorm
 from .base import DraftHead
 from .eagle_layers import BareInputLayer, Eagle3Layer
 

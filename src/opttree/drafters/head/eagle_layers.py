@@ -1,4 +1,4 @@
-"""The decoder layers of the EAGLE layouts, as :class:`~opttree.drafters.head_layer.HeadLayer`s whose
+"""The decoder layers of the EAGLE layouts, as :class:`~opttree.drafters.head.layer.HeadLayer`s whose
 attention input differs (the rest, RoPE, the KV cache, attention and MLP, is the Llama layer's).
 
 Rules and sources (DESIGN.md, "EAGLE heads"):
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from ..head_layer import HeadLayer, RMSNorm
+from .layer import HeadLayer, RMSNorm
 
 
 class Eagle3Layer(HeadLayer):

@@ -1,4 +1,4 @@
-"""The parts of a feature head's decoder layer (:mod:`opttree.drafters.feature_head`): RMSNorm,
+"""The parts of a feature head's decoder layer (:mod:`opttree.drafters.head.feature_head`): RMSNorm,
 rotary positions, a KV cache of explicit tensors, one Llama-style layer and its attention."""
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ class HeadLayer(nn.Module):
 
     def forward_into(self, x: torch.Tensor, positions: torch.Tensor, cache: KV, slots: torch.Tensor,
                      mask: torch.Tensor) -> torch.Tensor:
-        """The same layer on a cache of fixed size (:mod:`opttree.drafters.head_graph`): x [b, q, H];
+        """The same layer on a cache of fixed size (:mod:`opttree.drafters.head.graph`): x [b, q, H];
         positions [b, q]; cache: this layer's buffers [b, kv_heads, S, d], the new entries written in
         place at ``slots`` [q] long before attending; mask [b, 1, q, S] additive -> output [b, q, H]."""
         residual, query, new = self._project(x, positions)

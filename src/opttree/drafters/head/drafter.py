@@ -1,21 +1,21 @@
-"""The per-call drafters of a feature head (:mod:`opttree.drafters.feature_head` holds its weights):
+"""The per-call drafters of a feature head (:mod:`opttree.drafters.head.feature_head` holds its weights):
 :class:`FeatureHeadDrafter` grows its KV cache by concatenation and runs each forward eagerly at its
 own width; :class:`CompiledHeadDrafter` drafts the same trees on fixed shapes, its forwards compiled
-(:mod:`opttree.drafters.head_graph`), where the target's verification compiles."""
+(:mod:`opttree.drafters.head.graph`), where the target's verification compiles."""
 
 from __future__ import annotations
 
 import torch
 
-from ..hf.compiled import cache_slots
-from ..tree.draft_probs import DraftProbs
-from ..tree.draft_tree import DraftTree
-from ..tree.masks import additive_mask
-from ..tree.sizes import padded_size
-from .base import Drafter, ToProbs
-from .head_graph import HeadBuffers, HeadSteps
-from .head_layer import KV
-from .model import on
+from ...hf.compiled import cache_slots
+from ...tree.draft_probs import DraftProbs
+from ...tree.draft_tree import DraftTree
+from ...tree.masks import additive_mask
+from ...tree.sizes import padded_size
+from ..base import Drafter, ToProbs
+from .graph import HeadBuffers, HeadSteps
+from .layer import KV
+from ..model import on
 
 
 def causal_visible(q: int, s: int, device) -> torch.Tensor:

@@ -1,8 +1,8 @@
 """A feature head's drafting on fixed shapes, so that its per-layer step compiles (CUDA graphs on a GPU).
 
-The eager :class:`~opttree.drafters.feature_head.FeatureHeadDrafter` grows its KV cache by
+The eager :class:`~opttree.drafters.head.feature_head.FeatureHeadDrafter` grows its KV cache by
 concatenation and feeds each layer's k frontier nodes as they come, so every forward has a shape
-of its own and launches op by op. :class:`CompiledHeadDrafter` (:mod:`opttree.drafters.head_drafter`) drafts the
+of its own and launches op by op. :class:`CompiledHeadDrafter` (:mod:`opttree.drafters.head.drafter`) drafts the
 same trees with the same arithmetic on shapes that repeat:
 
 - the KV cache is one buffer per call, ``slots`` entries long (:func:`opttree.hf.compiled.cache_slots`
@@ -20,7 +20,7 @@ as CUDA graphs: the buffers are marked static, as transformers marks a StaticCac
 prefill eager. A width whose compile or compiled run fails runs eagerly from then on, with one
 warning; the in-place writes are the same either way, so nothing needs rewinding.
 
-:class:`~opttree.drafters.head_drafter.CompiledHeadDrafter` drafts this way where opttree verifies
+:class:`~opttree.drafters.head.drafter.CompiledHeadDrafter` drafts this way where opttree verifies
 through the compiled forward (``Drafter.compiled``, called by :mod:`opttree.integration.prepare`): a GPU by default, any device with
 ``CompileConfig._compile_all_devices`` (what the tests use on a CPU).
 """
@@ -33,8 +33,8 @@ from typing import Callable
 
 import torch
 
-from ..tree.masks import additive_mask
-from .head_layer import KV
+from ...tree.masks import additive_mask
+from .layer import KV
 
 logger = logging.getLogger(__name__)
 
