@@ -23,16 +23,16 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-TIMED = [("opttree.loop.generation", "target_forward"), ("opttree.loop.generation", "draft_trees"),
+TIMED = [("opttree.loop.generation", "target_forward"), ("opttree.loop.drafting", "draft_trees"),
          ("opttree.drafters.base", "PerRow.expand"), ("opttree.drafters.ngram", "PromptLookupDrafter._probs"),
          ("opttree.drafters.feature_head", "FeatureHeadDrafter._run"),
          ("opttree.drafters.feature_head", "FeatureHeadDrafter._probs"),
          ("opttree.drafters.feature_head", "FeatureHead.reduced_logits"),
          ("opttree.drafters.feature_head", "FeatureHeadDrafter.root_probs"),
          ("opttree.tree.builder", "top_children"), ("opttree.tree.builder", "read_layer"),
-         ("opttree.tree.draft_tree", "DraftTree.extend"), ("opttree.loop.generation", "greedy_walk"),
+         ("opttree.tree.draft_tree", "DraftTree.extend"), ("opttree.loop.walking", "greedy_walk"),
          ("opttree.loop.rows", "Slots.inputs"), ("opttree.loop.rows", "Slots.keep"),
-         ("opttree.loop.generation", "commit_tokens"), ("opttree.drafters.mixed", "MixedDrafter.commit"),
+         ("opttree.loop.rows", "commit_tokens"), ("opttree.drafters.mixed", "MixedDrafter.commit"),
          ("opttree.drafters.mixed", "MixedDrafter.add_features"),
          ("opttree.drafters.feature_head", "FeatureHeadDrafter.commit"),
          ("opttree.drafters.feature_head", "FeatureHeadDrafter.add_features")]

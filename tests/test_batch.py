@@ -285,7 +285,8 @@ def test_visible_holes_and_padding_are_caught(monkeypatch):
 def test_sampling_keeps_each_rows_law(verifier, strategy, drafter):
     from test_sampling import VOCAB, chi_square, lm_law, tiny_lm
     from opttree.hf import kv_cache
-    from opttree.loop.generation import DecodeSettings, speculative_decode
+    from opttree.loop.generation import speculative_decode
+    from opttree.loop.settings import DecodeSettings
     from opttree.drafters.batch_model import BatchModelDrafter
     from opttree.verify.sampling import draft_to_probs
     from transformers import MaxLengthCriteria

@@ -104,7 +104,8 @@ def test_a_per_row_allowed_set_keeps_each_rows_law(verifier, strategy):
     from opttree import TreeConfig
     from opttree.drafters.batch_model import BatchModelDrafter
     from opttree.hf import kv_cache
-    from opttree.loop.generation import DecodeSettings, speculative_decode
+    from opttree.loop.generation import speculative_decode
+    from opttree.loop.settings import DecodeSettings
     from opttree.verify.sampling import draft_to_probs
 
     target, draft = tiny_lm(0, scale=4.0), tiny_lm(5, scale=4.0)

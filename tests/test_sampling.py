@@ -23,7 +23,8 @@ from transformers import (LogitsProcessorList, MaxLengthCriteria, RepetitionPena
                           StoppingCriteriaList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
 
 from opttree import TreeConfig, build_opt_tree, speculative_generate
-from opttree.loop.generation import DecodeSettings, speculative_decode
+from opttree.loop.generation import speculative_decode
+from opttree.loop.settings import DecodeSettings
 from opttree.tree.sampled import build_sampled_tree, sample_children, slot_threshold
 from opttree.verify.sampling import draft_to_probs
 from opttree.verify.walk import Acceptance, verify

@@ -27,7 +27,7 @@ from ..hf.compiled import VerifyForward, cache_slots, compiles_on_static
 from ..hf.tree_cache import CacheNeed, TreeCache, check_cache, open_cache
 from ..hf.validation import check_generation_mode, check_inputs, check_weights, context_length
 from ..loading import prepare_draft
-from ..loop.generation import DecodeSettings
+from ..loop.settings import DecodeSettings
 from ..loop.model_inputs import ModelInputs
 from ..loop.rows import Padding
 from ..tree.config import TreeConfig
@@ -121,26 +121,33 @@ def prepare(model, call: GenerateCall, options: Options) -> DecodeCall:
     # forwards before decoding, after every check
     policy = calibration.policy_maker(config, model, drafter, drafter.fresh, forward=verify)  # timed as it runs
     opened = open_cache(cache, need)
-    pad = config_in._pad_token_tensor
-    settings = DecodeSettings(
-        config, call.logits_processor, call.stopping_criteria,
-        max_length=max_length,
-        context_length=max_context or (1 << 62),
-        pad_token_id=None if pad is None else int(pad),
-        pad_finished=any(hasattr(c, "eos_token_id") for c in call.stopping_criteria),  # generate()'s own test
-        do_sample=sampling,
-        streamer=options.streamer,
-        generator=options.generator,
-        output_scores=bool(config_in.output_scores),
-        output_logits=bool(config_in.output_logits),
-        new_policy=policy,
-        verify_forward=verify,
-    )
+    settings = decode_settings(call, options, config, max_length, max_context, policy, verify)
     # few-row CPU linears' kernels (kernels.linears); a compiled target's linears are the compiler's
     kernels = [m for m in [model, *drafter.modules()] if not (verify.compiles and m is model)]
     return DecodeCall(model, drafters, input_ids, attention_mask, opened, settings, ModelInputs.of(kwargs), kernels,
                       return_dict=bool(config_in.return_dict_in_generate),
                       stream_prompt=options.streamer is not None and not options.prompt_streamed)
+
+
+def decode_settings(call: GenerateCall, options: Options, config: TreeConfig, max_length: int,
+                    max_context: int | None, new_policy, verify: VerifyForward) -> DecodeSettings:
+    """What the decode runs with: generate()'s preparation, opttree's arguments and what :func:`prepare`
+    resolved (the tree, the lengths, the budget policies, the verification forward)."""
+    generation_config, pad = call.generation_config, call.generation_config._pad_token_tensor
+    return DecodeSettings(
+        config, call.logits_processor, call.stopping_criteria,
+        max_length=max_length,
+        context_length=max_context or (1 << 62),
+        pad_token_id=None if pad is None else int(pad),
+        pad_finished=any(hasattr(c, "eos_token_id") for c in call.stopping_criteria),  # generate()'s own test
+        do_sample=bool(generation_config.do_sample),
+        streamer=options.streamer,
+        generator=options.generator,
+        output_scores=bool(generation_config.output_scores),
+        output_logits=bool(generation_config.output_logits),
+        new_policy=new_policy,
+        verify_forward=verify,
+    )
 
 
 def static_by_default(model, generation_config, options: Options, rows: int) -> bool:
@@ -164,4 +171,4 @@ def cache_room(input_ids: torch.Tensor, max_length: int, max_context: int | None
     return input_ids.shape[1] + steps * (1 + min(max_nodes, config.max_depth)) + padded_size(max_nodes + 1)
 
 
-__all__ = ["DecodeCall", "GenerateCall", "Options", "cache_room", "prepare", "static_by_default"]
+__all__ = ["DecodeCall", "GenerateCall", "Options", "cache_room", "decode_settings", "prepare", "static_by_default"]

@@ -1,7 +1,10 @@
 """The decoding loop: one function in numbered steps, for one prompt or a batch of rows.
 
-* :mod:`.generation`: ``speculative_decode``: draft, verify, walk, caches, commit, observe;
-* :mod:`.rows`: each row's tokens, cache slots, stopping and generate()'s outputs;
+* :mod:`.generation`: ``speculative_decode``, its steps numbered: 0 prefill, then 1 draft, 2 verify,
+  3 walk, 4 caches, 5 commit, 6 finished rows leave;
+* :mod:`.settings`: ``DecodeSettings``, what one decode runs with;
+* :mod:`.drafting`: step 1, every row's tree; :mod:`.walking`: step 3, each row's walk;
+* :mod:`.rows`: each row's tokens, cache slots, step 5 (commit, stopping, figures) and generate()'s outputs;
 * :mod:`.lockstep`: the rows' tree builders side by side, one drafter call per round;
 * :mod:`.clock`: the drafter's calls timed per row;
 * :mod:`.stopping`: where generate()'s stopping criteria stop inside a step's tokens;

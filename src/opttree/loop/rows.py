@@ -1,5 +1,6 @@
 """The rows of one decode (batch size 1 is one row): where their tokens sit in the target's cache,
-how each row commits a step's tokens and stops, and generate()'s output for all of them.
+how each row commits a step's tokens and stops (the loop's step 5, :func:`commit_step`), and
+generate()'s output for all of them.
 
 Cache layout: the rows share the cache's slots but not their positions. :class:`Slots` keeps
 ``valid`` [R, L], the slots holding each row's committed tokens (all but its root); left padding,
@@ -19,13 +20,15 @@ from dataclasses import dataclass, field
 import torch
 
 from ..hf import kv_cache
+from ..tree.builder import BuiltTree
 from ..tree.draft_tree import DraftTree
 from ..tree.layout import MaskLayout
 from ..tree.masks import ForwardInputs, batch_verification_inputs, verification_inputs
-from ..tree.plan import BudgetPolicy
+from ..tree.plan import BudgetPolicy, FixedPolicy
 from ..tree.sizes import padded_size
 from ..verify.acceptance import Acceptance
-from .stats import GenerationStats, StepStats
+from .settings import DecodeSettings
+from .stats import GenerationStats, LayerTiming, StepStats
 from .stopping import StopRule
 
 logger = logging.getLogger(__name__)
@@ -183,6 +186,16 @@ class Slots:
         self.length = self.valid.shape[1]
 
 
+def new_rows(input_ids: torch.Tensor, padding: Padding, settings: DecodeSettings) -> list[Row]:
+    """One :class:`Row` per prompt ([B, T] long), each with its own budget policy."""
+    new_policy = settings.new_policy or (lambda: FixedPolicy(settings.config))
+    rows = [Row(b, input_ids[b], padding.left[b], settings.max_length, new_policy(), hidden=padding.hidden[b])
+            for b in range(input_ids.shape[0])]
+    for row in rows:
+        row.stats.prompt_tokens = len(row.tokens)
+    return rows
+
+
 def new_tokens(acceptance: Acceptance, tokens: list[int], sequence: torch.Tensor) -> torch.Tensor:
     """[len(tokens)] the step's first tokens as ``sequence``'s kind of tensor: the walk's own copy on
     the device where it has one (no host-to-device copy), else made from the host ints."""
@@ -190,6 +203,70 @@ def new_tokens(acceptance: Acceptance, tokens: list[int], sequence: torch.Tensor
     if on_device is None:
         return torch.tensor(tokens, dtype=sequence.dtype, device=sequence.device)
     return on_device[:len(tokens)].to(sequence.device, sequence.dtype)
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """One step as the rows' bookkeeping reads it: each row's tree, what its walk accepted, and what
+    the step's phases cost (the drafting and the verification are shared by the rows)."""
+
+    builts: list[BuiltTree]
+    trees: list[DraftTree]
+    acceptances: list[Acceptance]
+    forwards: int  # draft forwards of the step, every row's
+    draft_seconds: float  # the drafting phase
+    verify_seconds: float  # the verification forward and the walks
+    root_seconds: list[float]  # each row's share of the drafter's catch-up call
+    layers: list[list[LayerTiming]]  # each row's expand calls
+
+    def row_stats(self, b: int, emitted: int) -> StepStats:
+        """Row b's figures: its tree, what it accepted and emitted, its share (1/R) of the shared phases."""
+        built, tree, acceptance, share = self.builts[b], self.trees[b], self.acceptances[b], 1.0 / len(self.trees)
+        depth = acceptance.tree_depth if acceptance.tree_depth is not None else tree_depth(tree)
+        expected = built.expected_length if built.expected_length is not None else tree.expected_length
+        return StepStats(tree_size=len(tree), tree_depth=depth, expected_length=expected,
+                         accepted=acceptance.accepted, emitted=emitted, draft_forwards=self.forwards,
+                         draft_seconds=self.draft_seconds * share, verify_seconds=self.verify_seconds * share,
+                         tree=tree, accepted_nodes=list(acceptance.nodes), root_seconds=self.root_seconds[b],
+                         layers=self.layers[b])
+
+
+def tree_depth(tree: DraftTree) -> int:
+    """The deepest node's depth (a host read)."""
+    return int(tree.depths().max()) if len(tree) else 0
+
+
+def commit_step(rows: list[Row], every_row: list[Row], step: StepOutcome, stop: StopRule,
+                settings: DecodeSettings) -> StepStats:
+    """The loop's step 5 for every row still decoding (``rows``; ``every_row``: all of the call's):
+    its tokens committed up to the first one after which a stopping criterion fires, its scores and
+    logits kept where asked, its figures recorded and told to its budget policy; the new tokens
+    streamed. -> the step's figures summed over its rows (a batch's stats)."""
+    first_new = len(rows[0].sequence)
+    for b, row in enumerate(rows):
+        acceptance = step.acceptances[b]
+        emitted = commit_tokens(row, acceptance, stop, settings.stopping_criteria, settings.pad_finished)
+        if settings.output_scores:  # kept only on request: a [vocab] row per token adds up over long runs
+            row.scores.extend(acceptance.scores[:emitted])
+        if settings.output_logits:
+            row.logits.extend(acceptance.logits[:emitted])
+        row.stats.new_tokens += emitted
+        row.stats.steps.append(step.row_stats(b, emitted))
+    if not settings.pad_finished:
+        finish_together(every_row)
+    if settings.streamer is not None:  # one row (the preparation checks it: generate()'s rule)
+        settings.streamer.put(rows[0].sequence[first_new:].cpu())
+    for row in rows:
+        stop_at_context(row, settings.context_length)
+        row.policy.observe(row.stats.steps[-1])  # what the step cost ("auto" refreshes its latency model)
+    return batch_step([row.stats.steps[-1] for row in rows], step.forwards, step.draft_seconds, step.verify_seconds)
+
+
+def stop_at_context(row: Row, context_length: int) -> None:
+    """A row that holds more tokens than the models can stops there, with a warning."""
+    if not row.done and len(row.tokens) > context_length:
+        logger.warning("stopped at the model's context length (%d tokens)", context_length)
+        row.done = True
 
 
 def commit_tokens(row: Row, acceptance: Acceptance, stop: StopRule, stopping_criteria, pad_finished: bool) -> int:
