@@ -3,7 +3,7 @@
 target: ``smollm2`` (the default: SmolLM2-135M-Instruct via :func:`opttree.smollm2.load_smollm2`),
 a folder holding SmolLM2's GGUF file, or anything ``from_pretrained`` takes; any of them followed by
 ``:SIZE`` (``smollm2:1b``, ``smollm2:7b``, or ``:hidden_size=...,...``): that model inflated to the
-cost of a bigger one, computing the same function (:func:`opttree.inflate.inflate`), built in the
+cost of a bigger one, computing the same function (:func:`opttree.bench.inflate.inflate`), built in the
 dtype and on the device asked.
 draft: a folder written by ``opttree distill`` (loaded with :func:`opttree.load_draft`,
 which completes it from the target), any other ``from_pretrained`` folder, or ``truncated:N``: a
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from ..inflate import SIZES, inflate
+from .inflate import SIZES, inflate
 from ..loading import load_draft
 from ..loading.draft_dtype import in_dtype
 from ..loading.files import META_FILE
