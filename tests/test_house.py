@@ -53,3 +53,44 @@ def test_decoding_never_imports_the_cost_stand_in():
     assert all(folder_of(m) in DECODING_PATH + ("loading",) for m in NOT_YET_MOVED)
     # negative control: a loop module importing the inflation is caught
     assert stand_in_importers({"opttree.loop.rows": {"opttree.bench.inflate"}}) == {"opttree.loop.rows"}
+
+
+# -- every folder's docstring names each of its modules ---------------------------------------------
+
+def unnamed_modules(package: Path) -> dict[str, list[str]]:
+    """folder -> the modules (and subpackages) of it that its __init__.py docstring does not name as
+    :mod:`.name`, for every folder of ``package`` (the package itself is its folders' map: not held)."""
+    out = {}
+    for init in sorted(package.rglob("__init__.py")):
+        folder = init.parent
+        if folder == package:
+            continue
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        names = [p.stem for p in folder.glob("*.py") if p.name != "__init__.py"]
+        names += [p.parent.name for p in folder.glob("*/__init__.py")]
+        missing = sorted(n for n in names if f":mod:`.{n}`" not in doc)
+        if missing:
+            out[str(folder.relative_to(package))] = missing
+    return out
+
+
+# Folders whose __init__.py another piece of work is rewriting (the EAGLE heads' move of drafters/ and
+# distill/'s split into rooms): the modules they may leave unnamed until then. A folder named here
+# must still name every module not listed.
+UNNAMED_UNTIL_MOVED = {
+    "distill": {"__main__", "chat_prompts", "cli", "head_data", "head_loss", "pipeline", "targets"},
+    "drafters": {"head_drafter", "head_graph", "head_layer"},
+}
+
+
+def test_each_folder_docstring_names_every_module_of_it(tmp_path):
+    unnamed = unnamed_modules(PACKAGE)
+    assert {folder: names for folder, names in unnamed.items()
+            if not set(names) <= UNNAMED_UNTIL_MOVED.get(folder, set())} == {}
+    # negative control: a module the docstring leaves out is named
+    (tmp_path / "pkg" / "sub").mkdir(parents=True)
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "sub" / "__init__.py").write_text('"""* :mod:`.a`: one."""\n')
+    (tmp_path / "pkg" / "sub" / "a.py").write_text("")
+    (tmp_path / "pkg" / "sub" / "b.py").write_text("")
+    assert unnamed_modules(tmp_path / "pkg") == {"sub": ["b"]}
