@@ -11,7 +11,7 @@ import torch
 
 from models import VOCAB, peaked, tiny_model
 from opttree import DraftTree
-from opttree.loop import generation
+from opttree.loop import walking
 from opttree.bench import Generated, Method, load_questions, run_bench, select_questions
 from opttree.bench import cli, models as bench_models
 from opttree.bench import methods as bench_methods
@@ -157,7 +157,7 @@ def upward_ties(monkeypatch, ulps: int = 1):
     """opttree's argmax walk with token 95 ``ulps`` float32 units higher: it wins its exact ties (and
     near-ties within those units), as a last-bit difference of rounding would make it (and changes
     nothing else)."""
-    real = generation.greedy_walk
+    real = walking.greedy_walk
 
     def walk(tree, logits, pool_ids, depth=None):  # logits: [n + 1, vocab] float32
         logits = logits.clone()
@@ -165,7 +165,7 @@ def upward_ties(monkeypatch, ulps: int = 1):
             logits[:, VOCAB - 1] = torch.nextafter(logits[:, VOCAB - 1], torch.tensor(float("inf")))
         return real(tree, logits, pool_ids, depth)
 
-    monkeypatch.setattr(generation, "greedy_walk", walk)
+    monkeypatch.setattr(walking, "greedy_walk", walk)
 
 
 def demoted(target):

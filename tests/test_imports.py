@@ -1,15 +1,11 @@
 """No import cycles inside opttree, counting the imports hidden inside functions (which only move a
-cycle's failure from import time to call time). Cycles still to be broken are listed by name. And no
-folder imports a folder above it (the layering each folder's __init__.py states)."""
+cycle's failure from import time to call time). And no folder imports a folder above it (the layering
+each folder's __init__.py states)."""
 
 import ast
 from pathlib import Path
 
 import opttree
-
-# Known cycles, each to be broken in a module its owner is editing (see DESIGN.md, "Import cycles").
-# Remove an entry once it is broken; the test fails on any cycle not listed here.
-KNOWN: set[frozenset[str]] = set()
 
 
 def module_names(root: Path) -> dict[str, Path]:
@@ -71,9 +67,9 @@ def cycles(graph: dict[str, set[str]]) -> set[frozenset[str]]:
     return found
 
 
-def test_opttree_has_no_import_cycles_but_the_known_ones():
+def test_opttree_has_no_import_cycle():
     found = cycles(import_graph(Path(opttree.__file__).parent))
-    assert found <= KNOWN, sorted(map(sorted, found - KNOWN))
+    assert found == set(), sorted(map(sorted, found))
 
 
 def test_the_bench_package_has_no_import_cycle():

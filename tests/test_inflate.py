@@ -7,8 +7,8 @@ import torch
 import transformers as tf
 
 from models import VOCAB, peaked
-from opttree.hf.inflated import INFLATED_FROM, carried_width, inflated_from
-from opttree.inflate import SIZES, Shape, inflate, parameter_bytes, parse_size, inflated_config
+from opttree.bench.inflate import INFLATED_FROM, SIZES, Shape, inflate, parameter_bytes, parse_size, inflated_config
+from opttree.hf.width import CARRIED_WIDTH, carried_width
 
 
 def source_model(family: str, seed: int = 0, hidden: int = 96, heads: int = 6, kv: int = 2, layers: int = 3,
@@ -102,7 +102,7 @@ def test_an_added_layer_of_another_kind_is_refused_by_name():
 
 def test_a_wrong_rescaling_would_show():
     """Negative control: the same inflation with the norms NOT rescaled changes the logits."""
-    import opttree.inflate as inflate_module
+    import opttree.bench.inflate as inflate_module
 
     small = source_model("llama")
     big = inflate(small, BIG)
@@ -120,8 +120,9 @@ def test_the_source_is_left_as_it_is_and_the_shape_is_recorded():
     before = {k: v.clone() for k, v in small.state_dict().items()}
     big = inflate(small, BIG)
     assert all(torch.equal(v, small.state_dict()[k]) for k, v in before.items())
-    assert inflated_from(big.config)["hidden_size"] == 96 and carried_width(big.config) == 96
-    assert carried_width(small.config) == 96 and inflated_from(small.config) is None
+    assert getattr(big.config, INFLATED_FROM)["hidden_size"] == 96
+    assert getattr(big.config, CARRIED_WIDTH) == 96 and carried_width(big.config) == 96  # a field any target may carry
+    assert carried_width(small.config) == 96 and not hasattr(small.config, CARRIED_WIDTH)
     assert big.config.rms_norm_eps == pytest.approx(1e-5 * 96 / 512)
     assert big.generation_config.pad_token_id == 0
 
@@ -169,7 +170,7 @@ def test_a_sliding_window_model_is_refused_by_name():
 
 
 def test_a_size_that_does_not_fit_is_refused_before_anything_is_allocated(monkeypatch):
-    import opttree.inflate as inflate_module
+    import opttree.bench.inflate as inflate_module
 
     small = source_model("llama")
     need = parameter_bytes(inflated_config(small.config, BIG), torch.float32, type(small))

@@ -142,7 +142,7 @@ def test_smollm2_inflated_writes_smollm2s_text_and_the_shipped_drafts_draft_as_a
     SmolLM2's, and the shipped head and draft, loaded against it unchanged, accept what they accept
     against SmolLM2 (the same accepted lengths: they read the same features)."""
     from opttree import load_draft
-    from opttree.inflate import Shape, inflate
+    from opttree.bench.inflate import Shape, inflate
 
     target, tok = smollm2
     big = inflate(target, Shape(1152, 2048, 24, 6, 32))

@@ -10,7 +10,7 @@ import torch
 
 from models import FAMILIES, VOCAB, peaked, tiny_model
 from opttree import speculative_generate
-from opttree.loop import generation
+from opttree.loop import walking
 from opttree.tools.ties import TIE_EPS_MULTIPLE, Outcome, check_greedy, classify, gap_in_ulps, plain_greedy, tie_bound
 
 HALF = [torch.bfloat16, torch.float16]
@@ -137,7 +137,7 @@ def nudged_walk(token: int, ulps: int = 1):
     """The argmax walk on logits where ``token`` scores ``ulps`` float32 units higher: where it ties
     exactly with a lower token, it wins (plain's argmax takes the lower one); nowhere else can the
     choice change, as half-precision scores lie far more than one float32 unit apart."""
-    real = generation.greedy_walk
+    real = walking.greedy_walk
 
     def walk(tree, logits, pool_ids, depth=None):  # logits: [n + 1, vocab] float32
         logits = logits.clone()
@@ -163,7 +163,7 @@ def tied_target(dtype):
 @pytest.mark.parametrize("dtype", HALF, ids=str)
 def test_a_tie_broken_the_other_way_is_a_tie(dtype, monkeypatch):
     target, a, b = tied_target(dtype)
-    monkeypatch.setattr(generation, "greedy_walk", nudged_walk(b))
+    monkeypatch.setattr(walking, "greedy_walk", nudged_walk(b))
     ids = prompt(0)
     tokens = opttree_tokens(target, target, ids)
     assert tokens[0] == b
@@ -181,7 +181,7 @@ def test_after_a_tie_the_continuation_is_checked_too(monkeypatch):
     """A wrong token after a genuine tie is still caught: the rest of the output is checked against
     the target's own greedy from the diverged context."""
     target, a, b = tied_target(torch.bfloat16)
-    monkeypatch.setattr(generation, "greedy_walk", nudged_walk(b))
+    monkeypatch.setattr(walking, "greedy_walk", nudged_walk(b))
     ids = prompt(0)
     tokens = opttree_tokens(target, target, ids)
     after = torch.cat([ids, torch.tensor([tokens[:4]])], 1)
@@ -280,7 +280,7 @@ def test_a_float32_near_tie_split_the_other_way_is_a_tie_and_a_far_token_a_misma
     other = b if first == a else a
     gap = float(scores[first] - scores[other])
     assert 0 < gap <= tie_bound(scores, torch.float32)
-    monkeypatch.setattr(generation, "greedy_walk", nudged_walk(other, ulps=4))
+    monkeypatch.setattr(walking, "greedy_walk", nudged_walk(other, ulps=4))
     tokens = opttree_tokens(target, target, ids, max_new_tokens=8)
     assert tokens[0] == other, seed
     verdict = check_greedy(target, ids, tokens, max_new_tokens=8)
@@ -303,7 +303,7 @@ def test_the_near_tie_search_says_so_when_this_cpu_gives_none():
 
 def demoting_walk(ranks: int):
     """A WRONG verifier: at the first step's root it takes the target's (ranks + 1)-th best token."""
-    real = generation.greedy_walk
+    real = walking.greedy_walk
     calls = []
 
     def walk(tree, logits, pool_ids, depth=None):  # logits: [n + 1, vocab] float32
@@ -320,7 +320,7 @@ def demoting_walk(ranks: int):
 @pytest.mark.parametrize("family", ["llama", "qwen3", "gpt2"])
 def test_a_verifier_that_accepts_a_non_argmax_token_is_a_mismatch(family, dtype, monkeypatch):
     target = tiny_model(family, seed=0, dtype=dtype)
-    monkeypatch.setattr(generation, "greedy_walk", demoting_walk(9))
+    monkeypatch.setattr(walking, "greedy_walk", demoting_walk(9))
     ids = prompt(1)
     verdict = check_greedy(target, ids, opttree_tokens(target, target, ids), max_new_tokens=16)
     assert verdict.outcome is Outcome.MISMATCH and verdict.ties == ()

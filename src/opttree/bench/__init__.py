@@ -7,6 +7,16 @@ every method's output is checked against plain greedy generate(). Command line::
 
     python -m opttree.bench --questions question.jsonl --draft path/to/draft --out bench-out
 
+* :mod:`.cli` (and :mod:`.__main__`): the command line; :mod:`.runner`: every method on every turn,
+  interleaved, each output checked against plain greedy;
+* :mod:`.methods`: the methods compared (plain, HF's assisted and prompt lookup, opttree);
+* :mod:`.questions`: Spec-Bench's questions and the project's own; :mod:`.models`: the target and the
+  draft from command-line strings;
+* :mod:`.records`: what each turn records and the sums; :mod:`.report`: per-category summaries, the
+  markdown report, Spec-Bench answer files; :mod:`.plots`: the pictures;
+* :mod:`.inflate`: a target inflated to a bigger model's cost, computing the same function (a cost
+  stand-in, ``smollm2:1b``); nothing on the decoding path imports it.
+
 From Python, with models already loaded::
 
     from opttree.bench import run_bench, load_questions

@@ -3,7 +3,7 @@
 target: ``smollm2`` (the default: SmolLM2-135M-Instruct via :func:`opttree.smollm2.load_smollm2`),
 a folder holding SmolLM2's GGUF file, or anything ``from_pretrained`` takes; any of them followed by
 ``:SIZE`` (``smollm2:1b``, ``smollm2:7b``, or ``:hidden_size=...,...``): that model inflated to the
-cost of a bigger one, computing the same function (:func:`opttree.inflate.inflate`), built in the
+cost of a bigger one, computing the same function (:func:`opttree.bench.inflate.inflate`), built in the
 dtype and on the device asked.
 draft: a folder written by ``opttree distill`` or a published EAGLE head's (EAGLE-3, speculators,
 EAGLE-1/2; loaded with :func:`opttree.load_draft`, which completes it from the target), any other
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from ..inflate import SIZES, inflate, parse_size
+from .inflate import SIZES, inflate, parse_size
 from ..loading import load_draft
 from ..loading.draft_dtype import in_dtype
 from ..loading.eagle_folder import is_eagle_head

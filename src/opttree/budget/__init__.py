@@ -14,5 +14,6 @@ the measured policy:
 * :mod:`.calibration_file`: what a cache file must hold before any of it is used.
 
 May import: :mod:`opttree.tree`, :mod:`opttree.hf`, and :mod:`opttree.drafters` (calibration times
-a drafter through its interface). Imported by: :mod:`opttree.integration` only.
+a drafter through its interface). Imported by :mod:`opttree.integration` (the policies) and by
+:mod:`opttree.loading` (``dtype="auto"`` keeps its choice beside the calibrations, in their folder).
 """

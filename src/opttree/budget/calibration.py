@@ -30,7 +30,7 @@ import torch
 
 from ..drafters.base import Drafter
 from ..kernels import linears
-from ..hf.inflated import carried_width
+from ..hf.width import carried_width
 from ..tree.config import TreeConfig
 from ..tree.plan import BudgetPolicy, FixedPolicy
 from .calibration_file import parse_document, parse_latency, read_keyed_file

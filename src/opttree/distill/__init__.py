@@ -10,6 +10,10 @@ precision measured fastest on the machine (:mod:`.precision`), training resumabl
 (:mod:`.checkpoint`); :mod:`.resident`: a round in one process on a GPU, against a clock; both train
 their stages through :mod:`.stages`. Cache shards are safetensors (:mod:`.shards`); :mod:`.depths` and
 :mod:`.coverage` measure agreement along an accepted path and the kept vocabulary.
+The command: :mod:`.cli` (``opttree distill``; :mod:`.__main__` for ``python -m``), :mod:`.pipeline`
+(prompts → answers → a trained draft in one call), :mod:`.targets` (the target a draft is made for).
+The prompts' kinds: :mod:`.chat_prompts`. A feature head's batches and loss: :mod:`.head_data`,
+:mod:`.head_loss`.
 
 Training writes the runtime's formats and imports :mod:`opttree.loading` (the folders' files, the
 machine, the timing in turns); nothing of the runtime imports this package.

@@ -3,6 +3,8 @@
 * :mod:`.entry`: the ways in (``custom_generate=speculative_generate``, a model given ``draft_model=`` by
   :func:`speculative`, :class:`SpeculativeGenerator`, and :func:`hub_generate` for the Hub's
   ``custom_generate/`` folder). Each runs generate()'s own preparation, then one decode of the loop.
+* :mod:`.prepare`: one call made ready to decode: every check before any forward, then the
+  calibration and the cache opened; one value, ``DecodeCall``, that ``entry.decode`` runs.
 * :mod:`.defaults`: what generate() does with the tree arguments left out (``"auto"`` where it can).
 * :mod:`.contract`: every argument plain generate() takes, read from transformers, honoured, refused by
   name, or documented as not applying, and the arguments opttree adds; :mod:`.arguments` enforces the

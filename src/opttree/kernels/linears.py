@@ -4,7 +4,7 @@ A verification forward runs the target over a few rows (the root, a tree, dummy 
 :data:`opttree.tree.sizes.VERIFY_SIZES`), and a draft model's layers over a few more, so every
 linear gets an input ``x`` [rows, in] of 1 to 64 rows. Float32 and bfloat16 forwards of that shape
 stream the weights from memory once, and should cost about what one row costs; torch's stock GEMM
-often does not (benchmarks/RESULTS.md, "What a verification costs"). The kernels:
+often does not (benchmarks/RESULTS.md, "Flat verification"). The kernels:
 
 - ``"stock"``: ``F.linear``, whatever GEMM the torch build picks;
 - ``"weight_major"`` (float32): ``(W @ x.T).T``, the weight as the GEMM's large operand, read once

@@ -31,7 +31,7 @@ from torch import nn
 
 from .files import (COUNT, INDEXES, META_FILE, NUMBER, TEXT, WEIGHTS_FILE, check_format, embedding_matches, first_problem,
                     parse_meta, read_weights, weights_mismatch)
-from ..hf.inflated import carried_embedding, carried_rows, carried_width
+from ..hf.width import carried_embedding, carried_rows, carried_width
 from .head_file import HEAD_FORMATS
 
 logger = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from ..drafters.head.eagle import EAGLE1, EAGLE3, EagleConfig, EagleHead, default_taps
-from ..hf.inflated import text_config
+from ..hf.width import text_config
 
 CONFIG_FILE = "config.json"
 SAFETENSORS = "model.safetensors"

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from ..drafters.head.feature_head import FeatureHead, HeadConfig
-from ..hf.inflated import carried_embedding, carried_rows, carried_width, text_config
+from ..hf.width import carried_embedding, carried_rows, carried_width, text_config
 from .files import (COUNT, INDEX_OR_NULL, INTEGERS, META_FILE, NUMBER, OBJECT, POSITIVE, REWRITE, TEXT, WEIGHTS_FILE,
                     check_format, embedding_matches, first_problem, parse_meta, read_meta, read_weights, weights_mismatch)
 

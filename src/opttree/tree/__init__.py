@@ -8,6 +8,8 @@
 * :mod:`.plan`: what one step's tree may be (``StepPlan``), asked of a ``BudgetPolicy``;
 * :mod:`.config`: ``TreeConfig``, the user's tree settings;
 * :mod:`.masks`: a tree as a model's inputs: 4D additive mask, rotary positions, cache slots;
+* :mod:`.layout`: which keys each layer type sees (full, sliding window, chunk), read from the config
+  as transformers reads it; one mask per type where they differ;
 * :mod:`.sizes`: the few sizes a verification forward is padded to.
 
 The ground floor: imports nothing else of opttree; every other folder may import it.

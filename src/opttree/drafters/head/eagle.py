@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
-from ...hf.inflated import text_config
+from ...hf.width import text_config
 from .layer import KV, HeadLayer, RMSNorm
 from .base import DraftHead
 from .eagle_layers import BareInputLayer, Eagle3Layer

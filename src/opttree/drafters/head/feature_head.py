@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
-from ...hf.inflated import carried_width, text_config
+from ...hf.width import carried_width, text_config
 from .base import DraftHead
 from .drafter import FeatureHeadDrafter  # noqa: F401 (re-exported)
 from .layer import KV, HeadLayer, RMSNorm, apply_rotary, attend, rotary  # noqa: F401 (re-exported)

@@ -16,8 +16,9 @@ How (every step keeps the function exact):
   new heads, MLP units and layers have zero output projections (``o_proj``, ``down_proj``), so
   they add nothing to the residual stream.
 
-The config records the source's shape (:data:`opttree.hf.inflated.INFLATED_FROM`), so drafts made
-for the source work against the inflated model unchanged (:func:`opttree.hf.inflated.carried_width`).
+The config records the source's shape (:data:`INFLATED_FROM`) and the width that carries its function
+(:data:`opttree.hf.width.CARRIED_WIDTH`, a field any target may carry), so drafts made for the source
+work against the inflated model unchanged: decoding sees an ordinary target.
 The model is built directly on ``device`` in ``dtype`` (on the meta device first, then filled), so
 a 6 B stand-in never exists in float32 on the way; a size whose weights do not fit the device's
 free memory is refused before anything is allocated.
@@ -31,7 +32,9 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from .hf.inflated import INFLATED_FROM, text_config
+from ..hf.width import CARRIED_WIDTH, text_config
+
+INFLATED_FROM = "opttree_inflated_from"  # the config attribute: the source's shape (a dict of its config fields)
 
 
 @dataclass(frozen=True)
@@ -244,6 +247,7 @@ def inflate(model, size: str | Shape, *, dtype: torch.dtype | None = None, devic
                           f"{free / 2**30:.1f} GiB are free: pick a smaller size, bfloat16, or another device")
     config.dtype = dtype
     config._attn_implementation = model.config._attn_implementation
+    setattr(config, CARRIED_WIDTH, source.hidden_size)  # what drafts made for the source read of the target
     with torch.device("meta"):
         big = type(model)(config)
     big = big.to(dtype=dtype).to_empty(device=device)

@@ -1,0 +1,93 @@
+"""DESIGN.md stays true to the code: every constant it quotes as ``NAME = value`` is the code's, the
+loop's steps are numbered as loop/generation.py numbers them, every file it names exists, and it
+stays short enough to read (measurements belong in benchmarks/RESULTS.md)."""
+
+import ast
+import importlib
+import re
+from pathlib import Path
+
+import pytest
+
+import opttree
+
+ROOT = Path(__file__).resolve().parents[1]
+DESIGN = ROOT / "DESIGN.md"
+PACKAGE = Path(opttree.__file__).parent
+MOST_LINES = 300
+
+
+def quoted_constants(text: str) -> dict[str, str]:
+    """``NAME = value`` (or ``Class.field = value``) spans of the text -> the value as written."""
+    return dict(re.findall(r"`([A-Z][A-Za-z0-9_]*(?:\.[a-z_]+)?) = ([-\d(\[][^`]*)`", text))
+
+
+def defined_in(name: str) -> str:
+    """The opttree module that defines ``name`` at its top (a constant, or a class for Class.field)."""
+    top = name.split(".")[0]
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            targets = ([t.id for t in node.targets if isinstance(t, ast.Name)] if isinstance(node, ast.Assign) else
+                       [node.target.id] if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) else
+                       [node.name] if isinstance(node, ast.ClassDef) else [])
+            if top in targets:
+                parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+                return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+    raise LookupError(f"{name}: defined nowhere in opttree")
+
+
+def code_value(name: str):
+    value = importlib.import_module(defined_in(name))
+    for part in name.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def test_every_constant_design_quotes_is_the_codes():
+    quoted = quoted_constants(DESIGN.read_text())
+    # the ones that once drifted from the code must be among them
+    assert {"CALIBRATION_PREFIX", "TIMING_ORDER", "BUDGET_FORWARDS", "BUDGET_SECONDS"} <= set(quoted)
+    wrong = {name: (text, code_value(name)) for name, text in quoted.items()
+             if ast.literal_eval(text) != code_value(name)}
+    assert wrong == {}
+
+
+def test_the_checker_catches_a_wrong_quote():
+    assert quoted_constants("a `CALIBRATION_PREFIX = 256`-token prefix") == {"CALIBRATION_PREFIX": "256"}
+    assert ast.literal_eval("256") != code_value("CALIBRATION_PREFIX")
+    assert code_value("TreeConfig.nodes") == 60
+    with pytest.raises(LookupError):
+        defined_in("NO_SUCH_CONSTANT")
+
+
+def code_steps() -> list[tuple[int, str]]:
+    """The numbered step comments of speculative_decode: [(n, first word)]."""
+    source = (PACKAGE / "loop" / "generation.py").read_text()
+    node = next(n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.FunctionDef) and n.name == "speculative_decode")
+    body = "\n".join(source.splitlines()[node.lineno - 1:node.end_lineno])
+    return [(int(n), word.lower()) for n, word in re.findall(r"#\s*(\d)\.\s+(\w+)", body)]
+
+
+def design_steps() -> list[tuple[int, str]]:
+    """DESIGN's numbered steps under "The loop": [(n, first word of the italic name)]."""
+    section = DESIGN.read_text().split("## The loop", 1)[1].split("\n## ", 1)[0]
+    return [(int(n), word.lower()) for n, word in re.findall(r"^(\d)\. \*(\w+)", section, flags=re.M)]
+
+
+def test_design_numbers_the_loops_steps_as_the_code():
+    steps = code_steps()
+    assert [n for n, _ in steps] == list(range(7))  # control: the code's seven steps are read
+    assert design_steps() == steps
+
+
+def test_every_file_design_names_exists():
+    names = set(re.findall(r"`((?:[a-z_]+/)+[a-z_]*\.(?:py|md))`", DESIGN.read_text()))
+    assert {"hf/compiled.py", "hf/width.py", "budget/timing.py"} <= names  # control: the names are read
+    missing = [n for n in names if not (ROOT / n).exists() and not (PACKAGE / n).exists()]
+    assert missing == []
+
+
+def test_design_is_short_and_holds_no_measurement():
+    text = DESIGN.read_text()
+    assert len(text.splitlines()) <= MOST_LINES
+    assert re.findall(r"\d\s?(?:ms|µs|s)\b|\d+(?:\.\d+)?\s?×(?! eps)", text) == []  # timings and speed-ups: RESULTS.md
