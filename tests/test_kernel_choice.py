@@ -212,3 +212,31 @@ def test_a_product_whose_kernel_is_stock_runs_f_linears_own_ops(monkeypatch):
     with Ops() as fast:
         out = fast_linear(x, w)
     assert torch.equal(out, expected) and fast.ops == plain.ops
+
+
+def test_a_layer_remembers_the_shapes_that_take_stock_for_good(monkeypatch):
+    """Once a shape's kernel is final stock, a swapped layer sends it to F.linear without the choice's
+    lookups (fast_linear not called); another thread count and forget_decisions() look again."""
+    fake_costs(monkeypatch, lambda name, rows, i: 1.0 if name == "stock" else 2.0)
+    layer, x = torch.nn.Linear(16, 24), torch.randn(1, 1, 16)
+    real, looked = linears.fast_linear, []
+    monkeypatch.setattr(linears, "fast_linear", lambda *a, **k: looked.append(1) or real(*a, **k))
+    threads = torch.get_num_threads()
+    try:
+        with linears.fast_linears(layer):
+            for _ in range(PRODUCTS):
+                layer(x)
+            assert linears.settled() and linears.decisions() == {key(1, layer.weight): "stock"}
+            looked.clear()
+            for _ in range(10):
+                torch.testing.assert_close(layer(x), REAL_STOCK(x, layer.weight, layer.bias))
+            assert looked == []
+            torch.set_num_threads(threads + 1)
+            layer(x)
+            assert len(looked) == 1  # another thread count: its own choice
+            torch.set_num_threads(threads)
+            linears.forget_decisions()
+            layer(x)
+            assert len(looked) == 2  # forgotten: chosen again
+    finally:
+        torch.set_num_threads(threads)

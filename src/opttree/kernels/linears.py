@@ -51,6 +51,7 @@ import contextlib
 import os
 import threading
 import types
+import weakref
 from typing import Callable
 
 import torch
@@ -178,6 +179,9 @@ def dropped() -> dict[Key, set[str]]:
 def forget_decisions() -> None:
     """Start the choice afresh (a benchmark that changes threads or kernels between runs)."""
     _choice.forget()
+    with _swap_lock:
+        for shapes in _stock_shapes.values():
+            shapes.clear()
 
 
 def _ready(weight: torch.Tensor) -> Callable[[str, bool], bool]:
@@ -204,17 +208,27 @@ def _undecided(key: Key, dtype: torch.dtype, rows: int, flat, weight, bias) -> t
                            _ready(weight), id(weight), in_place)
 
 
-def fast_linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-                auto: bool = True, kernel: str = "stock") -> torch.Tensor:
-    """``F.linear(input, weight, bias)`` [..., out]: a CPU product of 1..MAX_ROWS rows in float32 or
-    bfloat16 through the kernel chosen for its shape (``auto``) or through ``kernel``. A product whose
-    kernel is stock calls the stock path on ``input`` as given (no reshapes: the hot path of plain decoding)."""
+def eligible_rows(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> int:
+    """The rows of a CPU product of 1..MAX_ROWS rows in float32 or bfloat16 that a kernel here can take;
+    0 for any other product (it takes the stock path)."""
     shape = input.shape
     rows = input.numel() // shape[-1] if len(shape) and shape[-1] else 0
     dtype = input.dtype
     if (not 1 <= rows <= MAX_ROWS or not input.is_cpu or dtype not in DTYPES or weight.dtype != dtype
             or weight.dim() != 2 or (bias is not None and bias.dtype != dtype)):
+        return 0
+    return rows
+
+
+def fast_linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+                auto: bool = True, kernel: str = "stock") -> torch.Tensor:
+    """``F.linear(input, weight, bias)`` [..., out]: a CPU product of 1..MAX_ROWS rows in float32 or
+    bfloat16 through the kernel chosen for its shape (``auto``) or through ``kernel``. A product whose
+    kernel is stock calls the stock path on ``input`` as given (no reshapes: the hot path of plain decoding)."""
+    rows = eligible_rows(input, weight, bias)
+    if not rows:
         return _stock(input, weight, bias)
+    shape, dtype = input.shape, input.dtype
     if auto:
         _choice.products += 1  # the re-check's clock (approximate under threads: it only says "later")
         key = (dtype, torch.get_num_threads(), rows, *weight.shape)
@@ -228,6 +242,13 @@ def fast_linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
     flat = input if len(shape) == 2 else input.reshape(rows, -1)  # [rows, in] (a view op only where it is needed)
     out = _KERNEL[name](flat, weight, bias) if name is not None else _undecided(key, dtype, rows, flat, weight, bias)
     return out if len(shape) == 2 else out.reshape(*shape[:-1], weight.shape[0])
+
+
+def takes_stock(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, threads: int) -> bool:
+    """Whether ``auto`` sends this product to the stock path for good at ``threads`` threads: no kernel
+    here takes it, or its key's final kernel is stock."""
+    rows = eligible_rows(input, weight, bias)
+    return not rows or _choice.chosen.get((input.dtype, threads, rows, *weight.shape)) == "stock"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -291,11 +312,30 @@ def swappable(*models) -> list[torch.nn.Linear]:
             and m.weight.dtype in DTYPES and m.weight.device.type == "cpu"]
 
 
+STOCK_SHAPES = "_opttree_stock_shapes"  # a swapped layer's {input shape: threads} that take stock for good
+_stock_shapes = weakref.WeakKeyDictionary()  # layer -> that dict, kept from one block to the next
+
+
 def _fast_forward(self: torch.nn.Linear, input: torch.Tensor) -> torch.Tensor:
-    """A swapped-in ``nn.Linear.forward``: the block's kernels in a thread with a block open, stock elsewhere."""
-    if _this_thread.open:
-        return _in_block(input, self.weight, self.bias)
-    return torch.nn.Linear.forward(self, input)
+    """A swapped-in ``nn.Linear.forward``: the block's kernels in a thread with a block open, stock
+    elsewhere. Under ``auto`` an input shape whose product takes stock for good (:func:`takes_stock`)
+    is remembered for the layer (from one block to the next, until :func:`forget_decisions`), and
+    goes straight to ``F.linear`` from then on (plain decoding's hot path: nothing looked up but the
+    shape and the thread count)."""
+    state = _this_thread
+    if not state.open:
+        return torch.nn.Linear.forward(self, input)
+    if not state.auto:
+        return fast_linear(input, self.weight, self.bias, auto=False, kernel=state.kernel)
+    weight, bias, stock_at = self.weight, self.bias, self.__dict__[STOCK_SHAPES]
+    threads = torch.get_num_threads()
+    if stock_at.get(input.shape) == threads:
+        _choice.products += 1
+        return _stock(input, weight, bias)
+    out = fast_linear(input, weight, bias)
+    if takes_stock(input, weight, bias, threads):
+        stock_at[input.shape] = threads
+    return out
 
 
 def _swap_in(layers: list[torch.nn.Linear]) -> None:
@@ -303,6 +343,7 @@ def _swap_in(layers: list[torch.nn.Linear]) -> None:
         for m in layers:
             entry = _swaps.setdefault(id(m), [m, 0])
             if entry[1] == 0:
+                m.__dict__[STOCK_SHAPES] = _stock_shapes.setdefault(m, {})
                 m.forward = types.MethodType(_fast_forward, m)
             entry[1] += 1
 
@@ -314,6 +355,7 @@ def _swap_out(layers: list[torch.nn.Linear]) -> None:
             entry[1] -= 1
             if entry[1] == 0:
                 del m.forward  # the class's forward again
+                del m.__dict__[STOCK_SHAPES]
                 del _swaps[id(m)]
 
 
@@ -345,5 +387,5 @@ def fast_linears(*models, on: bool = True):
 
 
 __all__ = ["DTYPES", "IN_PLACE_BYTES", "KERNELS", "MAX_ROWS", "TRIALS", "FastLinearMode", "active", "candidates",
-           "decisions", "dropped", "fast_linear", "fast_linears", "forget_decisions", "helps", "is_packed", "linear",
-           "mode", "packed_weight", "pick", "settled", "swappable"]
+           "decisions", "dropped", "eligible_rows", "fast_linear", "fast_linears", "forget_decisions", "helps",
+           "is_packed", "linear", "mode", "packed_weight", "pick", "settled", "swappable", "takes_stock"]
