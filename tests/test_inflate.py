@@ -89,7 +89,7 @@ def test_a_deeper_inflated_target_gives_plain_s_greedy_tokens_through_opttree(fa
 def test_an_added_layer_of_another_kind_is_refused_by_name():
     """check_layer_types: the config derives the new depth's layer types by its family's rule; where
     that rule would make an added layer slide, inflate() refuses (it takes full attention only)."""
-    from opttree.inflate import check_layer_types
+    from opttree.bench.inflate import check_layer_types
 
     source = tf.Qwen2Config(num_hidden_layers=3)
     check_layer_types(source, tf.Qwen2Config(num_hidden_layers=5))  # full attention throughout: fine

@@ -96,7 +96,7 @@ def parser(prog: str = "python -m opttree.bench") -> argparse.ArgumentParser:
     p.add_argument("--target", default="smollm2",
                    help="'smollm2' (SmolLM2-135M-Instruct), a folder holding its GGUF file, or a from_pretrained path; "
                         "':1b' or ':7b' after any of them: that model inflated to the cost of a 1 B or 7 B model, "
-                        "computing the same function (a cost stand-in: opttree.inflate)")
+                        "computing the same function (a cost stand-in: opttree.bench.inflate)")
     p.add_argument("--draft", default=None,
                    help="an `opttree distill` folder, a published EAGLE head's folder (EAGLE-3, speculators, "
                         "EAGLE-1/2), a from_pretrained path, or truncated:N "

@@ -15,7 +15,6 @@ the file, the key or the field, and the fix.
 from __future__ import annotations
 
 import json
-import pickle
 from pathlib import Path
 
 import torch
@@ -90,12 +89,14 @@ def read_state(path: Path) -> dict[str, torch.Tensor]:
         raise ValueError(f"{path} holds neither {SAFETENSORS} nor {PICKLED}: an EAGLE head's folder needs its weights")
     try:
         state = torch.load(path / PICKLED, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as error:
+    except (OSError, RuntimeError, EOFError) as error:
+        raise ValueError(f"could not read {path / PICKLED} ({error}); restore the head's weights") from None
+    except Exception as error:  # weights_only's refusal is pickle's UnpicklingError (the library imports no pickle)
+        if type(error).__name__ != "UnpicklingError":
+            raise
         raise ValueError(f"{path / PICKLED} is a pickle that torch.load(weights_only=True) refuses (it would run "
                          f"code: {str(error).splitlines()[0]}); opttree never unpickles it. Convert it to "
                          f"{SAFETENSORS} where you trust it") from None
-    except (OSError, RuntimeError, EOFError) as error:
-        raise ValueError(f"could not read {path / PICKLED} ({error}); restore the head's weights") from None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise ValueError(f"{path / PICKLED} must hold a dict of tensors; restore the head's weights")
     return state
