@@ -74,12 +74,6 @@ def save_head(head: FeatureHead, meta: HeadMeta, path: str | Path, dtype: torch.
     return path
 
 
-def is_head(path: str | Path) -> bool:
-    """Whether ``path`` is a saved head (by its META_FILE's format; ValueError if that file is junk)."""
-    path = Path(path)
-    return (path / META_FILE).is_file() and read_meta(path).get("format") in HEAD_FORMATS
-
-
 def read_head_meta(path: Path) -> tuple[HeadMeta, HeadConfig]:
     """A saved head's metadata and shapes, every key checked (ValueError naming the file)."""
     meta = parse_meta(HeadMeta, read_meta(path), META_KINDS, str(path / META_FILE))
