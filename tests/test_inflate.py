@@ -215,3 +215,17 @@ def test_drafts_made_for_the_source_draft_against_the_inflated_target_as_against
     assert runs["inflated"][0] == small.generate(prompt, max_new_tokens=20, do_sample=False).tolist()
     assert runs["inflated"] == runs["source"]
     assert max(runs["source"][1]) > 1  # control: the draft is accepted beyond the root, so a wrong draft would show
+
+
+def test_the_cpus_free_memory_counts_the_page_cache_the_kernel_gives_back(tmp_path):
+    """MemAvailable, not the free pages alone: after a large read the page cache holds most of the memory,
+    and a refusal by free pages would refuse a stand-in that fits (it did, at 0.4 GiB free of 22 available)."""
+    from opttree.bench.inflate import free_bytes, meminfo_available
+
+    fake = tmp_path / "meminfo"
+    fake.write_text("MemTotal:       24000000 kB\nMemFree:          400000 kB\nMemAvailable:   22000000 kB\n")
+    assert meminfo_available(str(fake)) == 22000000 * 1024
+    assert meminfo_available(str(tmp_path / "none")) is None  # no such file: the caller falls back
+    real = meminfo_available()
+    if real is not None:
+        assert free_bytes(torch.device("cpu")) == real
