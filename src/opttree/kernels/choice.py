@@ -9,7 +9,8 @@ wins at 4 rows is never used at 1 row unless it also won there. For each key:
    packed copies would be pure cost. Powers of two (the sizes verification forwards are padded to,
    plain decoding's 1 row) and small row counts are tried at their first meeting;
 1. **first trials**: the candidates take turns, one timed product each, until each has TRIALS;
-   the fastest median becomes the key's *provisional* kernel (it serves the key from then on);
+   the fastest median becomes the key's *provisional* kernel (it serves the key from then on), stock
+   unless the fastest beats it by STOCK_MARGIN (:func:`pick`);
 2. **the re-check, after warm-up**: once the provisional kernel has met every weight of the key (it
    meets one a second time: the layers come round again, so a oneDNN kernel has packed each) and
    at least RECHECK_AFTER products have gone through the kernels since, every candidate is timed
@@ -42,6 +43,7 @@ TRIALS = 3  # timed products of each candidate per key and round
 RECHECK_AFTER = 64  # products through the kernels, at least, between a key's provisional choice and its re-check
 RECHECK_BUDGET = 8  # the re-check ends after this many products per candidate and trial, complete or not
 ONCE_ROWS = 8  # row counts above this that are no power of two wait for their second meeting
+STOCK_MARGIN = 0.05  # another kernel replaces stock only where its median is this much below stock's, at least
 
 
 def tried_at_first_meeting(rows: int) -> bool:
@@ -50,8 +52,14 @@ def tried_at_first_meeting(rows: int) -> bool:
 
 
 def pick(times: dict[str, list[float]]) -> str:
-    """The kernel with the lowest median time (ties: the earlier candidate)."""
-    return min(times, key=lambda name: statistics.median(times[name]))
+    """The kernel with the lowest median time (ties: the earlier candidate), but stock unless that one
+    is at least STOCK_MARGIN faster than stock: medians of TRIALS products on a shared machine move
+    by more than that, and stock is what runs without opttree."""
+    best = min(times, key=lambda name: statistics.median(times[name]))
+    if best != "stock" and "stock" in times and \
+            statistics.median(times[best]) > (1 - STOCK_MARGIN) * statistics.median(times["stock"]):
+        return "stock"
+    return best
 
 
 def trial_order(times: dict[str, list[float]], names: tuple[str, ...]) -> list[str]:
@@ -227,5 +235,5 @@ class Chooser:
             self.provisional[key] = Provisional(name, self.products)
 
 
-__all__ = ["ONCE_ROWS", "RECHECK_AFTER", "RECHECK_BUDGET", "TRIALS", "Chooser", "Key", "Provisional", "Round",
+__all__ = ["ONCE_ROWS", "RECHECK_AFTER", "RECHECK_BUDGET", "STOCK_MARGIN", "TRIALS", "Chooser", "Key", "Provisional", "Round",
            "pick", "recheck_due", "round_done", "trial_order", "tried_at_first_meeting"]
