@@ -240,3 +240,34 @@ def test_a_layer_remembers_the_shapes_that_take_stock_for_good(monkeypatch):
             assert len(looked) == 2  # forgotten: chosen again
     finally:
         torch.set_num_threads(threads)
+
+
+def test_a_row_count_met_once_takes_stock_and_is_tried_when_it_comes_again(monkeypatch):
+    """A prompt's prefill of 45 rows through 6 layers: stock for every product, no trial, no packed
+    copy; the same row count again (a second prompt of that length) starts the trials. A power of two
+    (a verification size) is tried at its first meeting (control)."""
+    calls = fake_costs(monkeypatch, lambda name, rows, i: 1.0 if name == "stock" else 2.0)
+    weights = [torch.randn(24, 16) for _ in range(6)]
+    for w in weights:  # the prefill
+        fast_linear(torch.randn(45, 16), w)
+    assert {name for name, _, _ in calls} == {"stock"} and linears.decisions() == {}
+    assert not any(linears.is_packed(w) for w in weights)
+    for w in weights:  # another prompt of 45 tokens
+        fast_linear(torch.randn(45, 16), w)
+    assert {name for name, _, _ in calls} > {"stock"}  # trying now
+    calls.clear()
+    for w in weights:  # a verification of 32 rows
+        fast_linear(torch.randn(32, 16), w)
+    assert {name for name, _, _ in calls} > {"stock"}
+
+
+@pytest.mark.parametrize("faster, kept", [(0.97, "stock"), (0.90, "onednn")])
+def test_stock_is_replaced_only_by_a_kernel_clearly_faster(faster, kept, monkeypatch):
+    """Medians of a few products move by several per cent on a shared machine: oneDNN 3 % faster than
+    stock in both rounds leaves stock; 10 % faster takes over (control)."""
+    needs_onednn()
+    fake_costs(monkeypatch, lambda name, rows, i: {"stock": 1.0, "onednn": faster}.get(name, 2.0))
+    weights = [torch.randn(24, 16) for _ in range(4)]
+    for i in range(PRODUCTS):
+        fast_linear(torch.randn(4, 16), weights[i % 4])
+    assert linears.settled() and linears.decisions() == {key(4, weights[0]): kept}

@@ -4,8 +4,13 @@ among the candidates.
 A key is (dtype, torch threads, rows, out, in): every row count has its own choice, so a kernel that
 wins at 4 rows is never used at 1 row unless it also won there. For each key:
 
+0. **a row count that may not recur** (above ONCE_ROWS and no power of two: a prompt's prefill,
+   mostly) takes stock, untimed, until it meets a weight a second time: a one-off's trials and
+   packed copies would be pure cost. Powers of two (the sizes verification forwards are padded to,
+   plain decoding's 1 row) and small row counts are tried at their first meeting;
 1. **first trials**: the candidates take turns, one timed product each, until each has TRIALS;
-   the fastest median becomes the key's *provisional* kernel (it serves the key from then on);
+   the fastest median becomes the key's *provisional* kernel (it serves the key from then on), stock
+   unless the fastest beats it by STOCK_MARGIN (:func:`pick`);
 2. **the re-check, after warm-up**: once the provisional kernel has met every weight of the key (it
    meets one a second time: the layers come round again, so a oneDNN kernel has packed each) and
    at least RECHECK_AFTER products have gone through the kernels since, every candidate is timed
@@ -37,11 +42,24 @@ Key = tuple[torch.dtype, int, int, int, int]  # (dtype, torch threads, rows, out
 TRIALS = 3  # timed products of each candidate per key and round
 RECHECK_AFTER = 64  # products through the kernels, at least, between a key's provisional choice and its re-check
 RECHECK_BUDGET = 8  # the re-check ends after this many products per candidate and trial, complete or not
+ONCE_ROWS = 8  # row counts above this that are no power of two wait for their second meeting
+STOCK_MARGIN = 0.05  # another kernel replaces stock only where its median is this much below stock's, at least
+
+
+def tried_at_first_meeting(rows: int) -> bool:
+    """Whether a key of ``rows`` rows starts its trials at its first product (else at its second meeting)."""
+    return rows <= ONCE_ROWS or rows & (rows - 1) == 0
 
 
 def pick(times: dict[str, list[float]]) -> str:
-    """The kernel with the lowest median time (ties: the earlier candidate)."""
-    return min(times, key=lambda name: statistics.median(times[name]))
+    """The kernel with the lowest median time (ties: the earlier candidate), but stock unless that one
+    is at least STOCK_MARGIN faster than stock: medians of TRIALS products on a shared machine move
+    by more than that, and stock is what runs without opttree."""
+    best = min(times, key=lambda name: statistics.median(times[name]))
+    if best != "stock" and "stock" in times and \
+            statistics.median(times[best]) > (1 - STOCK_MARGIN) * statistics.median(times["stock"]):
+        return "stock"
+    return best
 
 
 def trial_order(times: dict[str, list[float]], names: tuple[str, ...]) -> list[str]:
@@ -92,6 +110,7 @@ class Chooser:
         self.provisional: dict[Key, Provisional] = {}
         self.rounds: dict[Key, Round] = {}
         self.dropped: dict[Key, set[str]] = {}
+        self.waiting: dict[Key, set[int]] = {}  # keys met once so far: ids of the weights met (see 0.)
         self.products = 0  # products through the kernels (auto), counted approximately under threads
 
     # -- what the process has chosen
@@ -106,7 +125,7 @@ class Chooser:
             return dict(self.chosen)
 
     def settled(self) -> bool:
-        """No key still trying or waiting for its re-check."""
+        """No key still trying or waiting for its re-check (a row count met once takes stock: settled)."""
         with self.lock:
             return not self.rounds and not self.provisional
 
@@ -116,6 +135,7 @@ class Chooser:
             self.provisional.clear()
             self.rounds.clear()
             self.dropped.clear()
+            self.waiting.clear()
 
     # -- a product of a key without a final choice
 
@@ -146,6 +166,12 @@ class Chooser:
                 return provisional.name
             del self.provisional[key]
             self.rounds[key] = Round(second=True, serving=provisional.name)
+        elif key not in self.rounds and not tried_at_first_meeting(key[2]):
+            met = self.waiting.setdefault(key, set())
+            if weight not in met:
+                met.add(weight)
+                return "stock"
+            del self.waiting[key]
         self.rounds.setdefault(key, Round())
         return None
 
@@ -209,5 +235,5 @@ class Chooser:
             self.provisional[key] = Provisional(name, self.products)
 
 
-__all__ = ["RECHECK_AFTER", "RECHECK_BUDGET", "TRIALS", "Chooser", "Key", "Provisional", "Round", "pick",
-           "recheck_due", "round_done", "trial_order"]
+__all__ = ["ONCE_ROWS", "RECHECK_AFTER", "RECHECK_BUDGET", "STOCK_MARGIN", "TRIALS", "Chooser", "Key", "Provisional", "Round",
+           "pick", "recheck_due", "round_done", "trial_order", "tried_at_first_meeting"]
