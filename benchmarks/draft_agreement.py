@@ -8,7 +8,7 @@
    token, comparable to an independent draft's number) and, teacher-forced on the tokens but
    reading its own predicted features, at depths 2 and 3; and at each depth given the path so far
    was accepted (the roots whose shallower drafted tokens all agreed), with the τ of a chain of
-   that many drafted tokens (:mod:`opttree.distill.depths`).
+   that many drafted tokens (:mod:`opttree.distill.train.depths`).
 2. Latency: one forward of ``--query-tokens`` new tokens on a ``--prefix`` token cached prefix
    (batch 1, as in decoding), median of ``--reps`` runs, draft vs target → their ratio. A feature
    head is timed as the drafter runs it: one tree layer of that many nodes, probabilities included;
@@ -17,7 +17,7 @@
    each size (its own tokens first, then the most frequent greedy tokens of ``--rank-records``'
    shards, or, without them, the lowest ids: a BPE vocabulary's earliest merges), the new output
    rows the target's own with a bias at the 5th percentile of the head's
-   (:func:`opttree.distill.head.widened`). Every head's report gives the share of the answer
+   (:func:`opttree.distill.train.head.widened`). Every head's report gives the share of the answer
    tokens its kept set covers and its depth-1 agreement over the covered positions alone
    (``agreement_covered``); tokens outside the set count as misses everywhere else.
 
@@ -64,7 +64,7 @@ def select_questions(path: Path, per_category: int) -> list[dict]:
 def target_answers(target, tokenizer, questions: list[dict], max_new_tokens: int,
                    batch_size: int, max_prompt_tokens: int) -> list[dict]:
     """Greedy answers of the target: ``{"category", "prompt_ids", "answer_ids"}`` per question."""
-    from opttree.distill.data import DataConfig, answer_batch, chat_ids
+    from opttree.distill.data.answers import DataConfig, answer_batch, chat_ids
 
     cfg = DataConfig(max_new_tokens=max_new_tokens, batch_size=batch_size, topk=1,
                      max_prompt_tokens=max_prompt_tokens)
@@ -108,11 +108,11 @@ def heads_agreement_by_category(heads: list, target, answers: list[dict], depths
     """:func:`head_agreement_by_category` of several heads, with ONE target forward per prompt
     (the union of the target layers the heads read is kept, each head picks its own).
     ``paths``: a list that receives, per head, ``{category: DepthCounts}`` (agreement at each
-    depth given the path so far was accepted, and a chain's τ: :mod:`opttree.distill.depths`)."""
-    from opttree.distill.depths import DepthCounts, depth_counts
-    from opttree.distill.features import features_of
-    from opttree.distill.head_data import make_batch, pick_layers
-    from opttree.distill.head_loss import unrolled
+    depth given the path so far was accepted, and a chain's τ: :mod:`opttree.distill.train.depths`)."""
+    from opttree.distill.train.depths import DepthCounts, depth_counts
+    from opttree.distill.data.features import features_of
+    from opttree.distill.train.head_data import make_batch, pick_layers
+    from opttree.distill.train.head_loss import unrolled
 
     layers = tuple(sorted({i for h in heads for i in h.c.feature_layers if i != -1})) + (-1,)
     results = [defaultdict(lambda: [[0, 0] for _ in range(depths)]) for _ in heads]
@@ -142,7 +142,7 @@ def heads_agreement_by_category(heads: list, target, answers: list[dict], depths
 def path_report(counts: dict) -> dict:
     """The report's entries from ``{category: DepthCounts}``: agreement at each depth given the
     path so far was accepted (all categories, and per category), and a chain's τ."""
-    from opttree.distill.depths import DepthCounts
+    from opttree.distill.train.depths import DepthCounts
 
     total = DepthCounts(next(iter(counts.values())).depths)
     for c in counts.values():
@@ -218,10 +218,10 @@ def answer_tokens(answers: list[dict]) -> torch.Tensor:
 
 def kept_ranking(record_dirs: list[Path], vocab_size: int) -> torch.Tensor:
     """[V] ids, most useful first: by the target's greedy-token counts in the shards under
-    ``record_dirs`` (``opttree.distill.train.ranked_tokens``), or in id order without any."""
-    from opttree.distill.coverage import id_ranking
-    from opttree.distill.shards import load_records, shard_paths
-    from opttree.distill.train import ranked_tokens
+    ``record_dirs`` (``opttree.distill.train.draft.ranked_tokens``), or in id order without any."""
+    from opttree.distill.train.coverage import id_ranking
+    from opttree.distill.data.shards import load_records, shard_paths
+    from opttree.distill.train.draft import ranked_tokens
 
     records = [{"topk_ids": r["topk_ids"]} for d in record_dirs for p in shard_paths(d) for r in load_records(p)]
     return ranked_tokens(records, vocab_size, []) if records else id_ranking(vocab_size)
@@ -229,8 +229,8 @@ def kept_ranking(record_dirs: list[Path], vocab_size: int) -> torch.Tensor:
 
 def widened_heads(head, target, sizes: list[int], ranked: torch.Tensor) -> list[tuple[int, object]]:
     """``(size, head widened to size)`` for each size above the head's own kept count, float32."""
-    from opttree.distill.coverage import extended_kept
-    from opttree.distill.head import widened
+    from opttree.distill.train.coverage import extended_kept
+    from opttree.distill.train.head import widened
 
     own = len(head.token_ids)
     return [(size, widened(head, target, extended_kept(head.token_ids, ranked, size)).eval())
@@ -240,7 +240,7 @@ def widened_heads(head, target, sizes: list[int], ranked: torch.Tensor) -> list[
 def coverage_report(head, answers: list[dict], agreement_depth1: float) -> dict:
     """The kept set's size, the share of answer tokens it covers, and depth-1 agreement over the
     covered positions (every depth-1 hit is a covered position, so it is agreement / coverage)."""
-    from opttree.distill.coverage import set_coverage
+    from opttree.distill.train.coverage import set_coverage
 
     covered = set_coverage(head.token_ids, answer_tokens(answers))
     return {"kept_tokens": len(head.token_ids), "coverage": round(covered, 4),

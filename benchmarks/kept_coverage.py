@@ -37,8 +37,8 @@ HEAD = Path(__file__).resolve().parents[1] / "drafts" / "smollm2-135m-head"
 def held_out_coverage(kept_ids: torch.Tensor, answers: list[dict], sizes: list[int], vocab: int) -> dict:
     """{rule: {size: (token-weighted coverage, category mean, worst category and its coverage)}}, each
     category's kept sets chosen from the other categories' answers."""
-    from opttree.distill.coverage import extended_kept, id_ranking, set_coverage
-    from opttree.distill.train import ranked_tokens
+    from opttree.distill.train.coverage import extended_kept, id_ranking, set_coverage
+    from opttree.distill.train.draft import ranked_tokens
 
     by_category: dict[str, list[int]] = defaultdict(list)
     for a in answers:
@@ -85,8 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
 
     from opttree import load_draft
-    from opttree.distill.coverage import extended_kept
-    from opttree.distill.head import widened
+    from opttree.distill.train.coverage import extended_kept
+    from opttree.distill.train.head import widened
     from opttree.smollm2 import load_smollm2
 
     target, tokenizer = load_smollm2(args.target)

@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from models import peaked, tiny_model  # noqa: E402  (tests/models.py: tiny random models)
 
 from opttree import SpeculativeGenerator  # noqa: E402
-from opttree.distill.head import new_head  # noqa: E402
+from opttree.distill.train.head import new_head  # noqa: E402
 from opttree.tools.overhead import OverheadCounter, StepCounts  # noqa: E402
 
 PROMPT = torch.tensor([[5, 17, 33, 2, 41, 8, 19, 60]])

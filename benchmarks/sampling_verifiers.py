@@ -95,7 +95,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
-    from opttree.distill.data import chat_ids
+    from opttree.distill.data.answers import chat_ids
     from opttree.smollm2 import load_smollm2
 
     target, tokenizer = load_smollm2(args.target)

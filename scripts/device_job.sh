@@ -13,7 +13,7 @@
 #                                      OPTTREE_BENCH_TARGETS / _DEVICE / _DTYPE / _METHODS / _EXTRA override (the CPU
 #                                      dry run of tests/test_device_kit.py).
 #   bash scripts/device_job.sh round   drafts/smollm2-135m-head/round-gpu.toml, in ONE call, everything in memory
-#                                      (python -m opttree.distill.resident): the target's answers to the kit's
+#                                      (python -m opttree.distill.recipes.resident): the target's answers to the kit's
 #                                      prompts (round-prompts.jsonl.gz, from `device_kit.py pack --job round`),
 #                                      their features, the stages; the round gets the job's time less 45 s and
 #                                      ends with a head however far it got. $OUT/round.log and head-next.tar.gz
@@ -97,7 +97,7 @@ round)
   versions | tee "$OUT/round.log"
   rc=0
   budget=$(( $(left) - 45 ))  # the round's own clock; the rest packs what comes back
-  timeout "$(left)" python3 -m opttree.distill.resident --recipe drafts/smollm2-135m-head/round-gpu.toml \
+  timeout "$(left)" python3 -m opttree.distill.recipes.resident --recipe drafts/smollm2-135m-head/round-gpu.toml \
     --prompts "$KIT/round-prompts.jsonl.gz" --out "$KIT/head-next" --device cuda --seconds "$budget" 2>&1 \
     | tee -a "$OUT/round.log" || rc=$?
   [ "$rc" = 0 ] || { echo "round: exit $rc (124: stopped at the time limit)" | tee -a "$OUT/round.log"; exit "$rc"; }

@@ -241,9 +241,9 @@ def pack(opts: PackOptions, download=pip_download) -> tuple[Manifest, list[Call]
 
 
 def write_round_prompts(root: Path, dest: Path) -> Path:
-    """The round's prompts, as the device reads them (``opttree.distill.resident --write-prompts``)."""
+    """The round's prompts, as the device reads them (``opttree.distill.recipes.resident --write-prompts``)."""
     dest.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "opttree.distill.resident", "--recipe", str(root / ROUND_RECIPE),
+    cmd = [sys.executable, "-m", "opttree.distill.recipes.resident", "--recipe", str(root / ROUND_RECIPE),
            "--write-prompts", str(dest)]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(root / "src"), os.environ.get("PYTHONPATH")])))
     result = subprocess.run(cmd, capture_output=True, text=True, env=env)

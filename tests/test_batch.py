@@ -309,7 +309,7 @@ def test_sampling_keeps_each_rows_law(verifier, strategy, drafter):
     mask = torch.tensor([[1, 1, 1], [0, 0, 1]])
     config = TreeConfig(nodes=6, max_depth=3, threshold=0.0, strategy=strategy, verifier=verifier)
     if drafter == "head":
-        from opttree.distill.head import new_head
+        from opttree.distill.train.head import new_head
         from opttree.drafters.base import PerRow
         from opttree.drafters.head.feature_head import FeatureHeadDrafter
 

@@ -329,7 +329,7 @@ def test_truncated_draft_is_a_copy_of_the_first_layers(pair):
 
 def test_report_describes_a_mixed_feature_head_draft():
     from opttree.bench.report import _model_info
-    from opttree.distill.head import new_head
+    from opttree.distill.train.head import new_head
     from opttree.drafters import MixedDrafter
 
     head, _ = new_head(tiny_model("llama", seed=0))
@@ -341,7 +341,7 @@ def test_report_describes_a_mixed_feature_head_draft():
 def test_draft_dtype_auto_is_chosen_and_named_in_the_header(pair, tmp_path, monkeypatch):
     from opttree.loading import dtype_probe
     from opttree.loading.dtype_probe import DtypeTimes
-    from opttree.distill.head import new_head
+    from opttree.distill.train.head import new_head
     from opttree.loading.head_file import save_head
 
     target, _ = pair

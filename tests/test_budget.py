@@ -16,7 +16,7 @@ from opttree.budget.latency import (AutoPolicy, LatencyModel, LatencyTable, best
 from opttree.integration import prepare as integration  # the preparation: where a call meets its policy
 from opttree.tree.plan import FixedPolicy, LayerState, StepPlan
 from opttree.tree.builder import build_opt_tree
-from opttree.distill.head import new_head
+from opttree.distill.train.head import new_head
 from opttree.drafters import ModelDrafter, PromptLookupDrafter
 from opttree.drafters.head.feature_head import FeatureHeadDrafter
 from opttree.loop.stats import LayerTiming, StepStats

@@ -5,8 +5,8 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from opttree.distill.chat_prompts import KINDS, TEMPLATES, chat_prompts
-from opttree.distill.sources import prompts_of
+from opttree.distill.data.chat_prompts import KINDS, TEMPLATES, chat_prompts
+from opttree.distill.data.sources import prompts_of
 
 DOCS = (("notes", "First sentence of a document. " * 80),)
 GERMAN = ("Die Datei konnte nicht gelesen werden, bitte erneut versuchen.",)

@@ -16,7 +16,7 @@ from transformers import CompileConfig
 
 from models import peaked, tiny_model
 from opttree import SpeculativeGenerator, speculative_generate
-from opttree.distill.head import new_head
+from opttree.distill.train.head import new_head
 from opttree.drafters.head.drafter import CompiledHeadDrafter, FeatureHeadDrafter
 from opttree.drafters.head.graph import HeadSteps
 from opttree.tree import DraftTree

@@ -298,7 +298,7 @@ case "$*" in
   *"import sys, torch"*) echo "python 3.12 | torch 2.11 | transformers 5.24.0" ;;
   *opttree.bench*) out=""; prev=""; for a in "$@"; do [ "$prev" = --out ] && out=$a; prev=$a; done
     mkdir -p "$out/answers"; echo "| method | speed |" > "$out/summary.md"; echo "{}" > "$out/answers/plain.jsonl" ;;
-  *"opttree.distill.resident"*) mkdir -p "$OPTTREE_KIT/head-next"
+  *"opttree.distill.recipes.resident"*) mkdir -p "$OPTTREE_KIT/head-next"
     for f in model.safetensors opttree_draft.json training.json round.json; do
       echo "$f" > "$OPTTREE_KIT/head-next/$f"; done ;;
   *pytest*) echo "1 passed" ;;
@@ -336,7 +336,7 @@ def test_each_job_runs_its_command_and_sends_back_few_files(tmp_path, job, comes
         assert all("--opttree nodes=16,compiled=1 --opttree nodes=32,compiled=1" in r for r in runs)
         assert (out / "bench-summary.md").read_text().count("| method | speed |") == 2
     if job == "round":  # issue 34: one call, everything in memory, the kit's prompts, a clock of its own
-        assert ("-m opttree.distill.resident --recipe drafts/smollm2-135m-head/round-gpu.toml "
+        assert ("-m opttree.distill.recipes.resident --recipe drafts/smollm2-135m-head/round-gpu.toml "
                 f"--prompts {device}/round-prompts.jsonl.gz --out {device}/head-next --device cuda --seconds ") in calls
         listed = subprocess.run(["tar", "-tzf", str(out / "head-next.tar.gz")], capture_output=True, text=True).stdout
         assert "head-next/model.safetensors" in listed and "head-next/round.json" in listed

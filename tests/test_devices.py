@@ -204,7 +204,7 @@ def test_target_dispatched_over_cuda_and_cpu(tmp_path):
 
 @pytest.mark.gpu
 def test_feature_head_decoding_on_cuda():
-    from opttree.distill.head import new_head
+    from opttree.distill.train.head import new_head
 
     target = peaked(tiny_model("llama"), scale=30.0).to("cuda:0")
     head, _ = new_head(target)

@@ -19,9 +19,9 @@ tokenizers = pytest.importorskip("tokenizers")
 from opttree import load_draft
 from opttree.loading.draft_model import ReducedVocabHead  # noqa: E402
 from opttree.distill.cli import main  # noqa: E402
-from opttree.distill.data import DataConfig  # noqa: E402
-from opttree.distill.pipeline import PromptPlan, make_data  # noqa: E402
-from opttree.distill.train import TrainConfig, agreement, train_draft  # noqa: E402
+from opttree.distill.data.answers import DataConfig  # noqa: E402
+from opttree.distill.data.pipeline import PromptPlan, make_data  # noqa: E402
+from opttree.distill.train.draft import TrainConfig, agreement, train_draft  # noqa: E402
 from opttree.hf.compat import with_cache  # noqa: E402
 
 SPECIALS = ["<pad>", "<eos>", "<user>", "<bot>"]
@@ -133,7 +133,7 @@ def test_draft_tree_logits_match_paths(tmp_path, target_and_tokenizer):
     """With a reduced head, a tree under a 4D mask gives the logits of each root→node path."""
     from transformers import DynamicCache
 
-    from opttree.distill.model import init_draft
+    from opttree.distill.train.model import init_draft
 
     from opttree.loading.draft_model import save_draft
 

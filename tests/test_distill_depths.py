@@ -1,9 +1,9 @@
 """Agreement at depths 1, 2, 3 given the path so far was accepted, and a chain's τ, counted from
-the unrolled passes' hits (opttree.distill.depths)."""
+the unrolled passes' hits (opttree.distill.train.depths)."""
 
 import torch
 
-from opttree.distill.depths import DepthCounts, depth_counts
+from opttree.distill.train.depths import DepthCounts, depth_counts
 
 
 def bools(*values):
@@ -46,7 +46,7 @@ def test_the_agreement_benchmark_reports_depths_given_the_accepted_path():
     from pathlib import Path
 
     from models import tiny_model
-    from opttree.distill.head import new_head
+    from opttree.distill.train.head import new_head
 
     path = Path(__file__).resolve().parents[1] / "benchmarks" / "draft_agreement.py"
     spec = importlib.util.spec_from_file_location("draft_agreement", path)

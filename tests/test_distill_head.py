@@ -7,9 +7,9 @@ import torch
 from models import peaked, tiny_model
 from opttree import speculative_generate
 from opttree import load_draft
-from opttree.distill.features import extract_features, features_of, load_features, unique_sequences
-from opttree.distill.head import new_head
-from opttree.distill.head_train import HeadTrainConfig, fitted_steps, make_batch, train_head, unrolled
+from opttree.distill.data.features import extract_features, features_of, load_features, unique_sequences
+from opttree.distill.train.head import new_head
+from opttree.distill.train.head_train import HeadTrainConfig, fitted_steps, make_batch, train_head, unrolled
 from opttree.tree import DraftTree
 
 
@@ -64,7 +64,7 @@ def test_distill_head_end_to_end(tmp_path):
 
 
 def test_answer_positions_are_found_and_scored():
-    from opttree.distill.head_data import answer_start, chunks
+    from opttree.distill.train.head_data import answer_start, chunks
 
     marker = [7, 8]
     ids = torch.tensor([1, 7, 8, 4, 5, 7, 8, 20, 21, 22])  # the answer starts after the LAST marker
@@ -87,7 +87,7 @@ def test_answer_positions_are_found_and_scored():
 
 
 def test_answers_only_scores_exactly_the_answer_positions():
-    from opttree.distill.head_train import chunks, kept_index, pass_loss
+    from opttree.distill.train.head_train import chunks, kept_index, pass_loss
 
     target = peaked(tiny_model("llama", seed=0), scale=30.0)
     head, _ = new_head(target, init_layer=1)
@@ -104,7 +104,7 @@ def test_answers_only_scores_exactly_the_answer_positions():
 
 
 def test_widened_head_keeps_its_predictions_for_the_old_tokens():
-    from opttree.distill.head import widened
+    from opttree.distill.train.head import widened
 
     target = tiny_model("llama", seed=0)
     head, _ = new_head(target, torch.arange(10, 60), init_layer=1)
@@ -133,7 +133,7 @@ def test_a_time_limit_ends_the_schedule_not_just_the_loop(tmp_path, caplog):
     data = [features_of(target, t, topk=4) for t in texts(8, 24)]
     cfg = HeadTrainConfig(num_kept_tokens=64, unroll=1, epochs=400, batch_tokens=48, max_len=24,
                           warmup_steps=2, eval_every=3, val_fraction=0.25, max_minutes=0.05)
-    with caplog.at_level("INFO", logger="opttree.distill.head_train"):
+    with caplog.at_level("INFO", logger="opttree.distill.train.head_train"):
         result = train_head(target, data, tmp_path / "head", cfg)
     assert "the schedule now ends at step" in caplog.text
     assert 5 <= result.steps < 400 * 3

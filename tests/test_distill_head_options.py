@@ -9,11 +9,11 @@ import torch
 from models import peaked, tiny_model
 from opttree import speculative_generate
 from opttree import load_draft
-from opttree.distill.features import features_of
-from opttree.distill.head import grown, new_head
+from opttree.distill.data.features import features_of
+from opttree.distill.train.head import grown, new_head
 from opttree.loading.head_file import save_head
-from opttree.distill.head_data import pick_layers
-from opttree.distill.head_train import HeadTrainConfig, chunks, make_batch, train_head, unrolled
+from opttree.distill.train.head_data import pick_layers
+from opttree.distill.train.head_train import HeadTrainConfig, chunks, make_batch, train_head, unrolled
 from opttree.drafters.head.feature_head import HeadConfig
 from test_feature_head import randomised
 from opttree.tree import DraftTree

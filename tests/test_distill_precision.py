@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from opttree.distill import precision as P
-from opttree.distill.precision import Probe, choose, resolve
+from opttree.distill.recipes import precision as P
+from opttree.distill.recipes.precision import Probe, choose, resolve
 
 
 def probes(features: dict, train: dict) -> list[Probe]:
@@ -73,7 +73,7 @@ def test_cpu_flags_decide_nothing(tmp_path, monkeypatch):
 def test_the_probes_run_the_real_stage_code():
     """The probe callables are the round's own code on its shapes (one call each, not timed)."""
     from models import tiny_model
-    from opttree.distill.head_train import HeadTrainConfig
+    from opttree.distill.train.head_train import HeadTrainConfig
 
     target = tiny_model("llama", seed=0)
     cfg = HeadTrainConfig(num_kept_tokens=64, unroll=2, max_len=16, feature_layers=(1, -1))
@@ -130,7 +130,7 @@ class FakeStages:
 
 
 def scouted(monkeypatch, per_token):
-    from opttree.distill.head_train import HeadTrainConfig
+    from opttree.distill.train.head_train import HeadTrainConfig
 
     fake = FakeStages(monkeypatch, per_token)
     probes = P.probe_round(None, HeadTrainConfig(max_len=512), seconds=1.0, feature_tokens=256,

@@ -17,8 +17,8 @@ from test_distill import tiny_target, tiny_tokenizer  # noqa: E402
 
 from opttree import load_draft  # noqa: E402
 from opttree.distill.cli import main  # noqa: E402
-from opttree.distill.recipe import load_recipe, parse_recipe  # noqa: E402
-from opttree.distill.shards import load_records, sha256  # noqa: E402
+from opttree.distill.recipes.recipe import load_recipe, parse_recipe  # noqa: E402
+from opttree.distill.data.shards import load_records, sha256  # noqa: E402
 
 RECIPE = """
 name = "tiny"
@@ -73,7 +73,7 @@ val_fraction = 0.2
 @pytest.fixture(autouse=True)
 def small_local_texts(monkeypatch):
     """The machine's documents and stdlib take seconds to scan: a few stand-ins keep this fast."""
-    from opttree.distill import sources
+    from opttree.distill.data import sources
 
     doc = "The quick brown fox jumps over the lazy dog. " * 30
     monkeypatch.setattr(sources, "local_documents", lambda: (("foxes", doc), ("dogs", doc[::-1])))
@@ -142,8 +142,8 @@ def test_recipe_typos_and_missing_layers_are_errors(tmp_path):
 
 
 def test_a_stage_starts_from_the_one_before_a_named_folder_or_nothing(tmp_path):
-    """The init rule both runners (recipe_run, resident) take from opttree.distill.stages."""
-    from opttree.distill.stages import stage_init
+    """The init rule both runners (recipe_run, resident) take from opttree.distill.recipes.stages."""
+    from opttree.distill.recipes.stages import stage_init
 
     recipe = parse_recipe({"source": [{"name": "a", "kind": "teacher", "count": 1}],
                            "stage": [{"name": "s"}, {"name": "t", "init": "^"}, {"name": "u", "init": "heads/old"}]},

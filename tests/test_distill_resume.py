@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from models import peaked, tiny_model
-from opttree.distill import head_train
-from opttree.distill.checkpoint import CHECKPOINT_FILE, load_train_state
-from opttree.distill.features import features_of
-from opttree.distill.head_train import HeadTrainConfig, train_head
+from opttree.distill.train import head_train
+from opttree.distill.train.checkpoint import CHECKPOINT_FILE, load_train_state
+from opttree.distill.data.features import features_of
+from opttree.distill.train.head_train import HeadTrainConfig, train_head
 
 
 def texts(n=12, length=30, seed=0):
@@ -125,8 +125,8 @@ def test_a_checkpoint_is_written_atomically_and_never_pickled(tmp_path, target, 
 
 
 def _split(data):
-    from opttree.distill.head_data import chunks
-    from opttree.distill.train import split_records
+    from opttree.distill.train.head_data import chunks
+    from opttree.distill.train.draft import split_records
 
     train, val = split_records(data, CFG.val_fraction, CFG.seed)
     return chunks(train, CFG.max_len), chunks(val, CFG.max_len)

@@ -12,9 +12,10 @@ pytest.importorskip("tokenizers")
 
 from test_distill_recipe import recipe_dir, run, small_local_texts  # noqa: E402,F401  (fixtures)
 
-from opttree.distill import features as features_module  # noqa: E402
-from opttree.distill import head_train, precision  # noqa: E402
-from opttree.distill.shards import load_records  # noqa: E402
+from opttree.distill.data import features as features_module  # noqa: E402
+from opttree.distill.train import head_train  # noqa: E402
+from opttree.distill.recipes import precision  # noqa: E402
+from opttree.distill.data.shards import load_records  # noqa: E402
 
 
 class Interrupted(Exception):

@@ -7,10 +7,10 @@ import math
 import torch
 
 from models import tiny_model
-from opttree.distill.features import features_of
-from opttree.distill.head_data import make_batch
-from opttree.distill.shards import load_records, save_records, sha256
-from opttree.distill.train import soft_hard_loss
+from opttree.distill.data.features import features_of
+from opttree.distill.train.head_data import make_batch
+from opttree.distill.data.shards import load_records, save_records, sha256
+from opttree.distill.train.draft import soft_hard_loss
 
 
 def test_the_same_records_always_give_the_same_bytes(tmp_path):
@@ -77,7 +77,7 @@ def test_the_soft_loss_is_lowest_at_the_targets_distribution():
 
 
 def test_kept_vocabulary_coverage_is_ranked_on_training_texts_and_counted_on_held_out_ones():
-    from opttree.distill.coverage import coverage
+    from opttree.distill.train.coverage import coverage
 
     def record(greedy):
         ids = torch.tensor(greedy)[:, None].repeat(1, 2)  # [N, 2] top-2 ids, the greedy first
@@ -91,8 +91,8 @@ def test_kept_vocabulary_coverage_is_ranked_on_training_texts_and_counted_on_hel
 
 def test_coverage_stage_prints_per_source(tmp_path, capsys, monkeypatch):
     from opttree.distill import cli
-    from opttree.distill.recipe import parse_recipe
-    from opttree.distill.recipe_run import features_folder
+    from opttree.distill.recipes.recipe import parse_recipe
+    from opttree.distill.recipes.recipe_run import features_folder
 
     recipe = parse_recipe({"source": [{"name": "t", "kind": "teacher", "count": 4}], "stage": [{"name": "s"}]},
                           tmp_path)
@@ -101,7 +101,7 @@ def test_coverage_stage_prints_per_source(tmp_path, capsys, monkeypatch):
     g = torch.Generator().manual_seed(0)
     save_records([{"input_ids": torch.arange(50), "topk_ids": torch.randint(0, 40, (50, 4), generator=g)}
                   for _ in range(20)], folder / "shard_00000.safetensors")
-    monkeypatch.setattr("opttree.distill.recipe.load_recipe", lambda path: recipe)
+    monkeypatch.setattr("opttree.distill.recipes.recipe.load_recipe", lambda path: recipe)
     assert cli.main(["--recipe", "r.toml", "--cache", str(tmp_path / "cache"), "--out", "x",
                      "--stage", "coverage"]) == 0
     out = capsys.readouterr().out
@@ -109,7 +109,7 @@ def test_coverage_stage_prints_per_source(tmp_path, capsys, monkeypatch):
 
 
 def test_features_too_large_for_float16_stay_finite_in_bfloat16():
-    from opttree.distill.features import sixteen_bits
+    from opttree.distill.data.features import sixteen_bits
 
     small, huge = torch.tensor([1.5, -3.0]), torch.tensor([1.5, 1e6])
     assert sixteen_bits(small).dtype == torch.float16
@@ -117,7 +117,7 @@ def test_features_too_large_for_float16_stay_finite_in_bfloat16():
 
 
 def test_coverage_of_other_tokens_ranks_on_the_training_texts():
-    from opttree.distill.coverage import tokens_coverage
+    from opttree.distill.train.coverage import tokens_coverage
 
     train = [{"input_ids": torch.arange(4), "topk_ids": torch.tensor([[5, 6], [5, 6], [7, 5], [8, 5]])}]
     c = tokens_coverage(train, torch.tensor([5, 9, 7, 5]), sizes=(1, 3))

@@ -14,9 +14,9 @@ from opttree.loading import dtype_probe
 from opttree.loading import draft_dtype as dd
 from opttree.loading.draft_dtype import MIN_SPEEDUP, DtypeProbe, choose_dtype
 from opttree.loading.dtype_probe import DtypeTimes, cast_copy, time_rounds
-from opttree.distill.head import new_head
+from opttree.distill.train.head import new_head
 from opttree.loading.head_file import save_head
-from opttree.distill.model import init_draft
+from opttree.distill.train.model import init_draft
 from opttree.loading.draft_model import save_draft
 
 TWO = (torch.float32, torch.bfloat16)

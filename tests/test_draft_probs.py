@@ -7,7 +7,7 @@ import torch
 
 from models import tiny_model
 from opttree import SpeculativeGenerator
-from opttree.distill.head import new_head
+from opttree.distill.train.head import new_head
 from opttree.drafters import MixedDrafter, PromptLookupDrafter
 from opttree.drafters.head.feature_head import FeatureHeadDrafter
 from opttree.tree.builder import children_of, grow_opt_tree, top_children

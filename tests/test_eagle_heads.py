@@ -375,7 +375,7 @@ def test_an_exported_folder_passes_the_reference(tmp_path):
 
 
 def test_opttrees_own_head_is_refused_naming_what_has_no_eagle_form(tmp_path):
-    from opttree.distill.head import new_head
+    from opttree.distill.train.head import new_head
 
     target = target_for("llama")
     head = new_head(target, out_rank=64)[0]

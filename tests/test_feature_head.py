@@ -7,7 +7,7 @@ import torch
 from models import peaked, tiny_model
 from opttree import speculative_generate
 from opttree import load_draft
-from opttree.distill.head import new_head
+from opttree.distill.train.head import new_head
 from opttree.loading.head_file import save_head
 from opttree.drafters.head.feature_head import FeatureHeadDrafter
 from opttree.tree import DraftTree
@@ -237,7 +237,7 @@ def test_a_fused_head_drafts_from_the_fused_features_in_the_loop(monkeypatch):
     """The loop hands a fused head its fused target layers (drafter.features_from), and stays lossless."""
     from models import peaked, tiny_model
     from opttree import speculative_generate
-    from opttree.distill.head import new_head
+    from opttree.distill.train.head import new_head
     from opttree.drafters.head.feature_head import FeatureHeadDrafter
 
     target = peaked(tiny_model("llama", seed=0), scale=30.0)

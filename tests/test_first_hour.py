@@ -169,7 +169,7 @@ def test_an_empty_prompt_gets_an_error_that_names_the_fix():
 
 @pytest.fixture
 def draft_folder(tmp_path):
-    from opttree.distill.model import init_draft
+    from opttree.distill.train.model import init_draft
     from opttree.loading.draft_model import save_draft
 
     target, _, _ = pair()
@@ -186,7 +186,7 @@ def test_a_distilled_draft_folder_is_accepted_as_draft_model(draft_folder):
 
 
 def test_a_distilled_head_folder_is_accepted_as_draft_model(tmp_path):
-    from opttree.distill.head import new_head
+    from opttree.distill.train.head import new_head
     from opttree.loading.head_file import save_head
 
     target, _, ids = pair()

@@ -9,11 +9,11 @@ import torch
 
 from models import peaked, tiny_model
 from opttree import load_draft, speculative_generate
-from opttree.distill.features import features_of
-from opttree.distill.head import new_head, widened, with_trained_rows
-from opttree.distill.head_loss import kept_index, noised, pass_loss, topk_loss, unrolled
-from opttree.distill.head_train import HeadTrainConfig, head_optimizer, make_batch, train_head, train_step
-from opttree.distill.train import soft_hard_loss
+from opttree.distill.data.features import features_of
+from opttree.distill.train.head import new_head, widened, with_trained_rows
+from opttree.distill.train.head_loss import kept_index, noised, pass_loss, topk_loss, unrolled
+from opttree.distill.train.head_train import HeadTrainConfig, head_optimizer, make_batch, train_head, train_step
+from opttree.distill.train.draft import soft_hard_loss
 from opttree.loading.head_file import HEAD_FORMAT, HEAD_FORMAT_ROWS, save_head
 from test_feature_head import oracle_head, randomised
 
@@ -180,7 +180,7 @@ def test_noise_kinds():
 
 
 def test_a_recipe_sets_the_objective_and_a_round_trains_it(tmp_path):
-    from opttree.distill.recipe import parse_recipe
+    from opttree.distill.recipes.recipe import parse_recipe
 
     recipe = parse_recipe({"source": [{"name": "a", "kind": "teacher", "count": 1}],
                            "stage": [{"name": "s", "out_rank": 0, "out_lr_scale": 0.05, "topk_weight": 1.0,

@@ -18,9 +18,9 @@ from opttree import TreeConfig, speculative_generate
 from opttree.budget import calibration
 from opttree.tree import config as config_module
 from opttree import load_draft
-from opttree.distill.head import new_head
+from opttree.distill.train.head import new_head
 from opttree.loading.head_file import save_head
-from opttree.distill.model import init_draft
+from opttree.distill.train.model import init_draft
 from opttree.loading.draft_model import save_draft
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "opttree"

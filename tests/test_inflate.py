@@ -190,8 +190,8 @@ def test_drafts_made_for_the_source_draft_against_the_inflated_target_as_against
     for the source and loaded against the inflated target: the same output and the same accepted
     lengths as against the source."""
     from opttree import load_draft, speculative_generate
-    from opttree.distill.head import new_head
-    from opttree.distill.model import init_draft
+    from opttree.distill.train.head import new_head
+    from opttree.distill.train.model import init_draft
     from opttree.loading.draft_model import save_draft
     from opttree.loading.head_file import save_head
 

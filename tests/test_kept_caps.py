@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from models import peaked, tiny_model
-from opttree.distill.coverage import extended_kept, id_ranking, set_coverage
-from opttree.distill.head import new_head
+from opttree.distill.train.coverage import extended_kept, id_ranking, set_coverage
+from opttree.distill.train.head import new_head
 
 
 def bench():
@@ -100,7 +100,7 @@ def test_a_partial_set_reports_agreement_over_covered_positions():
 
 
 def test_kept_ranking_counts_the_targets_greedy_tokens(tmp_path):
-    from opttree.distill.shards import save_records
+    from opttree.distill.data.shards import save_records
 
     b = bench()
     records = [{"input_ids": torch.arange(4), "topk_ids": torch.tensor([[5, 1], [5, 2], [3, 5], [3, 1]], dtype=torch.int32),

@@ -521,7 +521,7 @@ def test_a_feature_heads_layers_and_output_product_take_the_kernels_alone_or_mix
     sits inside a MixedDrafter (which is no nn.Module: passing the user's object missed them)."""
     from models import tiny_model
     from opttree import speculative_generate
-    from opttree.distill.head import new_head
+    from opttree.distill.train.head import new_head
     from opttree.drafters import MixedDrafter
 
     monkeypatch.setenv("OPTTREE_LINEAR", "weight_major")

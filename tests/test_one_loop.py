@@ -12,7 +12,7 @@ from transformers import LogitsProcessorList, TemperatureLogitsWarper
 
 from models import partly_agreeing, peaked, tiny_model
 from opttree import speculative_generate
-from opttree.distill.head import new_head
+from opttree.distill.train.head import new_head
 from opttree.drafters import Drafter, MixedDrafter, ModelDrafter, base, make_drafter
 from opttree.drafters.base import PerRow
 from opttree.drafters.batch_model import BatchModelDrafter
@@ -194,7 +194,7 @@ def test_sampling_warpers_reach_every_model_inside_a_mixed_drafter():
 
 def test_each_drafter_declares_the_modules_it_runs():
     from models import tiny_model
-    from opttree.distill.head import new_head
+    from opttree.distill.train.head import new_head
     from opttree.drafters import MixedDrafter
     from opttree.drafters.make import make_drafter
 

@@ -1,4 +1,4 @@
-"""The round a lent GPU runs (``python -m opttree.distill.resident``, issue 34), end to end on a
+"""The round a lent GPU runs (``python -m opttree.distill.recipes.resident``, issue 34), end to end on a
 tiny random target in seconds: prompts → greedy answers in batches → batched features kept in
 memory → every stage → the head's files and round.json. Batched features equal one text at a
 time; the prompts written here are the prompts read there; a round out of time still ends with a
@@ -18,9 +18,9 @@ from test_distill import tiny_target, tiny_tokenizer  # noqa: E402
 from test_distill_recipe import small_local_texts  # noqa: E402,F401  (fixture)
 
 from opttree import load_draft  # noqa: E402
-from opttree.distill import resident  # noqa: E402
-from opttree.distill.features import features_of  # noqa: E402
-from opttree.distill.recipe import load_recipe  # noqa: E402
+from opttree.distill.recipes import resident  # noqa: E402
+from opttree.distill.data.features import features_of  # noqa: E402
+from opttree.distill.recipes.recipe import load_recipe  # noqa: E402
 
 RECIPE = """
 name = "tiny-resident"

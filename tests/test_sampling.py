@@ -342,7 +342,7 @@ def test_end_to_end_two_tokens_have_the_target_law(verifier, strategy, kind, agr
     target = tiny_lm(0, scale=4.0)
     draft = target if agree is True else tiny_lm(5, scale=4.0)
     if agree == "head":
-        from opttree.distill.head import new_head
+        from opttree.distill.train.head import new_head
         from opttree.drafters.head.feature_head import FeatureHeadDrafter
 
         head = new_head(target)[0]

@@ -1,24 +1,23 @@
 """Distil a small same-vocabulary draft model from a target model (``opttree distill``).
 
-Pipeline: :mod:`.prompts` / :mod:`.sources` (self-made prompts, long-document tasks and
-teacher-forced texts from the machine) → :mod:`.data` (the target's greedy answers and top-k
-logits, cached and resumable) → :mod:`.features` (the target's hidden states, for a feature head)
-→ :mod:`.head_train` (an EAGLE-style head, :mod:`.head`) or :mod:`.train` (an independent draft,
-:mod:`.model`) → a draft folder, which :func:`opttree.load_draft` loads. :mod:`.recipe` /
-:mod:`.recipe_run`: the whole of it from one recipe file (``opttree distill --recipe``), in the
-precision measured fastest on the machine (:mod:`.precision`), training resumable by optimizer step
-(:mod:`.checkpoint`); :mod:`.resident`: a round in one process on a GPU, against a clock; both train
-their stages through :mod:`.stages`. Cache shards are safetensors (:mod:`.shards`); :mod:`.depths` and
-:mod:`.coverage` measure agreement along an accepted path and the kept vocabulary.
-The command: :mod:`.cli` (``opttree distill``; :mod:`.__main__` for ``python -m``), :mod:`.pipeline`
-(prompts → answers → a trained draft in one call), :mod:`.targets` (the target a draft is made for).
-The prompts' kinds: :mod:`.chat_prompts`. A feature head's batches and loss: :mod:`.head_data`,
-:mod:`.head_loss`.
+Its rooms, each a floor that imports only the rooms below it:
+
+* :mod:`.cli` (``opttree distill``; :mod:`.__main__` for ``python -m``): the command, on top;
+* :mod:`.recipes`: a round from one recipe file, resumable through a cache (``--recipe``) or in one
+  process on a GPU against a clock, in the precision measured fastest, its stages trained in turn;
+* :mod:`.train`: the trainers (an EAGLE-style feature head, an independent draft of the target's
+  layers) and what they share (checkpoints, kept tokens, the loss, agreement by depth);
+* :mod:`.data`: prompts and texts, the target's answers, its features and soft labels, the cache's
+  shards (at the ground).
+
+Pipeline: prompts (:mod:`.data.prompts`, :mod:`.data.sources`) → the target's answers
+(:mod:`.data.answers`) → its features (:mod:`.data.features`) → a head (:mod:`.train.head_train`) or
+an independent draft (:mod:`.train.draft`) → a draft folder, which :func:`opttree.load_draft` loads.
 
 Training writes the runtime's formats and imports :mod:`opttree.loading` (the folders' files, the
 machine, the timing in turns); nothing of the runtime imports this package.
 """
 
-from .model import init_draft
+from .train.model import init_draft
 
 __all__ = ["init_draft"]

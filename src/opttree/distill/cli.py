@@ -1,6 +1,6 @@
 """``opttree distill`` / ``python -m opttree.distill``: make a draft model for a target.
 
-One command rebuilds a shipped draft from its recipe file (:mod:`opttree.distill.recipe`)::
+One command rebuilds a shipped draft from its recipe file (:mod:`opttree.distill.recipes.recipe`)::
 
     opttree distill --recipe drafts/smollm2-135m-head/recipe.toml --cache ~/distill-cache \
         --out my-head --device cuda
@@ -13,8 +13,8 @@ Without a recipe, flags describe one run (the older interface)::
     opttree distill --target smollm2 --out my-head --max-minutes 40
 
 ``--kind head`` (recommended) trains an EAGLE-style feature head that reads the target's last
-hidden state (:mod:`opttree.distill.head_train`); ``--kind layers`` an independent small model made
-of a few of the target's layers (:mod:`opttree.distill.train`).
+hidden state (:mod:`opttree.distill.train.head_train`); ``--kind layers`` an independent small model made
+of a few of the target's layers (:mod:`opttree.distill.train.draft`).
 
 ``--stage data`` only generates (and caches) the target's answers; ``--stage train`` only
 trains on what is cached (for a head, it first caches the target's features of those answers);
@@ -46,7 +46,7 @@ from pathlib import Path
 
 import torch
 
-from .targets import load_target
+from .data.targets import load_target
 
 logger = logging.getLogger("opttree.distill")
 
@@ -130,10 +130,10 @@ def main(argv: list[str] | None = None, prog: str = "opttree distill") -> int:
         build_parser().error("--target is required without --recipe")
 
     from ..smollm2 import cache_dir
-    from .data import DataConfig, eos_ids
-    from .pipeline import PromptPlan, load_data, make_data
-    from .prompts import read_jsonl_prompts
-    from .train import TrainConfig, train_draft
+    from .data.answers import DataConfig, eos_ids
+    from .data.pipeline import PromptPlan, load_data, make_data
+    from .data.prompts import read_jsonl_prompts
+    from .train.draft import TrainConfig, train_draft
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     target, tokenizer = load_target(args.target)
@@ -174,8 +174,8 @@ def main(argv: list[str] | None = None, prog: str = "opttree distill") -> int:
 
 
 def _run_recipe(args) -> int:
-    from .recipe import load_recipe
-    from .recipe_run import run_recipe
+    from .recipes.recipe import load_recipe
+    from .recipes.recipe_run import run_recipe
 
     if not args.cache:
         build_parser().error("--recipe needs --cache (the folder that holds its data and stages)")
@@ -197,8 +197,8 @@ def _run_recipe(args) -> int:
 
 def _probe(recipe, device: str, seconds: float) -> int:
     """``--stage probe``: measure both precisions on the recipe's shapes and print them (nothing is kept)."""
-    from .precision import bf16_flags, choose, machine_name, probe_round
-    from .recipe_run import load_recipe_target
+    from .recipes.precision import bf16_flags, choose, machine_name, probe_round
+    from .recipes.recipe_run import load_recipe_target
 
     target, _ = load_recipe_target(recipe, device)
     cfg = recipe.train_config(recipe.stages[0])
@@ -214,9 +214,9 @@ def _probe(recipe, device: str, seconds: float) -> int:
 
 def _coverage(recipe, cache: Path) -> int:
     """``--stage coverage``: kept-vocabulary coverage per source and overall, from cached features."""
-    from .coverage import split_coverage
-    from .recipe_run import features_folder
-    from .shards import load_records, shard_paths
+    from .train.coverage import split_coverage
+    from .recipes.recipe_run import features_folder
+    from .data.shards import load_records, shard_paths
 
     everything = []
     for source in recipe.sources:
@@ -242,8 +242,8 @@ def checkpoint_folder(cache: Path, out: str) -> Path:
 
 
 def _train_head(target, tokenizer, records: list[dict], cache: Path, args, always_keep: list[int]) -> int:
-    from .features import answer_marker, extract_features, load_features, unique_sequences
-    from .head_train import HeadTrainConfig, train_head
+    from .data.features import answer_marker, extract_features, load_features, unique_sequences
+    from .train.head_train import HeadTrainConfig, train_head
 
     sequences = unique_sequences(records, 1024)
     random.Random(args.seed).shuffle(sequences)

@@ -16,7 +16,7 @@ Saved files (see :func:`save_draft`): ``config.json`` (the draft's LlamaConfig),
 ``opttree_draft.json`` (what to take from the target) and ``model.safetensors`` holding only
 what cannot be rebuilt from the target: the layers, the norm, the head's bias and token ids.
 :func:`load_model_draft` rebuilds the rest from the target it is given. Training makes one with
-:func:`opttree.distill.model.init_draft`.
+:func:`opttree.distill.train.model.init_draft`.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ output bias and the kept token ids, and, for a head whose output rows were train
 (``HeadConfig.out_rank``), their correction. The embedding and the output rows come from the target
 at load time. Format tags: ``/1`` for a head on the target's own rows (what every release has
 written), ``/2`` for one with trained rows (older releases refuse it by its tag); both load (:func:`load_head`, or :func:`opttree.loading.load_draft` which dispatches on the
-format). Training makes a head with :func:`opttree.distill.head.new_head`.
+format). Training makes a head with :func:`opttree.distill.train.head.new_head`.
 """
 
 from __future__ import annotations

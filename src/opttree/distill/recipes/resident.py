@@ -1,5 +1,5 @@
 """A whole distillation round in ONE process with everything kept on the device: the round a lent
-GPU runs inside its minutes (``python -m opttree.distill.resident``).
+GPU runs inside its minutes (``python -m opttree.distill.recipes.resident``).
 
 What :mod:`.recipe_run` does in resumable steps through files, this does in memory, against a
 clock, in the order a short-lived machine needs:
@@ -8,7 +8,7 @@ clock, in the order a short-lived machine needs:
    step 2), for at most ``generate_share`` of the time;
 2. one batched teacher-forced forward per ``feature_tokens`` positions gives every text's features
    (the recipe's ``[features] layers``) and top-k labels, kept on the device as records
-   (:mod:`.features`' layout) that :func:`~.head_train.make_batch` collates where they lie;
+   (:mod:`.data.features`' layout) that :func:`~.train.head_train.make_batch` collates where they lie;
 3. each recipe stage trains a head (:func:`~.stages.train_stage`) in the time left, its cosine
    schedule fitted to it (``max_minutes``), the validation texts the same for every stage;
 4. only the head's files are written (``--out``), with ``round.json``: each step's seconds,
@@ -81,8 +81,8 @@ def round_source(recipe: Recipe) -> Source:
 
 def round_prompts(recipe: Recipe, prompts_file: Path | None):
     """The prompts to answer: ``prompts_file``'s (first ``count``), else the source's own."""
-    from .prompts import read_jsonl_prompts
-    from .sources import prompts_of
+    from ..data.prompts import read_jsonl_prompts
+    from ..data.sources import prompts_of
 
     source = round_source(recipe)
     seed = recipe.seed if source.seed is None else source.seed
@@ -95,7 +95,7 @@ def generate_texts(target, tokenizer, prompts, source: Source, deadline: float) 
     """The target's greedy answers, shortest prompts first in batches of ``source.batch_size``,
     until ``deadline`` (time.time(); one batch at least): records ``{"input_ids" [L], "prompt_len"}``
     on the CPU."""
-    from .data import DataConfig, answer_batch, chat_ids
+    from ..data.answers import DataConfig, answer_batch, chat_ids
 
     cfg = DataConfig(max_new_tokens=source.max_new_tokens, batch_size=source.batch_size, topk=1,
                      max_prompt_tokens=source.max_prompt_tokens, bf16=source.bf16)
@@ -115,11 +115,11 @@ def generate_texts(target, tokenizer, prompts, source: Source, deadline: float) 
 @torch.inference_mode()
 def batched_features(target, texts: list[torch.Tensor], layers: tuple[int, ...], topk: int, bf16: bool,
                      feature_tokens: int, deadline: float) -> list[dict]:
-    """:func:`.features.features_of` for many texts at once: right-padded batches of about
+    """:func:`.data.features.features_of` for many texts at once: right-padded batches of about
     ``feature_tokens`` positions, one forward each; the records stay on the target's device
-    (features 16-bit, :func:`.features.sixteen_bits`). Texts not reached by ``deadline`` are left out
+    (features 16-bit, :func:`.data.features.sixteen_bits`). Texts not reached by ``deadline`` are left out
     (the first batch is always made)."""
-    from .features import sixteen_bits
+    from ..data.features import sixteen_bits
 
     device = target.get_input_embeddings().weight.device
     order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
@@ -151,7 +151,7 @@ def batched_features(target, texts: list[torch.Tensor], layers: tuple[int, ...],
 
 
 def machine_of(device: str) -> str:
-    from ..loading.machine import cpu_model
+    from ...loading.machine import cpu_model
 
     if device.startswith("cuda") and torch.cuda.is_available():
         return torch.cuda.get_device_name(0)
@@ -162,7 +162,7 @@ def run_round(recipe: Recipe, out: str | Path, device: str, budget: Budget, prom
               feature_tokens: int = 16384) -> Timings:
     """The round (module doc); returns its :class:`Timings` (also in ``out/round.json``)."""
     from .recipe_run import load_recipe_target
-    from .train import split_records
+    from ..train.draft import split_records
 
     start = time.time()
     out = Path(out)
@@ -206,7 +206,7 @@ def run_round(recipe: Recipe, out: str | Path, device: str, budget: Budget, prom
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m opttree.distill.resident", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m opttree.distill.recipes.resident", description=__doc__.split("\n\n")[0])
     p.add_argument("--recipe", required=True, type=Path)
     p.add_argument("--out", type=Path, help="the head's folder")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     recipe = load_recipe(args.recipe)
     if args.write_prompts:
-        from .prompts import write_jsonl_prompts
+        from ..data.prompts import write_jsonl_prompts
 
         path = write_jsonl_prompts(round_prompts(recipe, None), args.write_prompts)
         print(f"{path}: {path.stat().st_size} bytes")

@@ -10,7 +10,7 @@ functions. Two uses:
   the soft labels at every position.
 
 Everything is deterministic given the seed and the files present; the manifest records hashes
-of what was made (see :mod:`opttree.distill.recipe_run`).
+of what was made (see :mod:`opttree.distill.recipes.recipe_run`).
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ def document_prompts(n: int, seed: int) -> list[Prompt]:
 
 
 def selfmade_prompts(n: int, seed: int) -> list[Prompt]:
-    """The library's templates × topics (:func:`opttree.distill.prompts.seed_prompts`)."""
+    """The library's templates × topics (:func:`opttree.distill.data.prompts.seed_prompts`)."""
     return seed_prompts(n, seed)
 
 
@@ -150,7 +150,7 @@ def teacher_pairs(n: int, seed: int) -> list[tuple[str, str]]:
 
 def prompts_of(kind: str, n: int, seed: int, base: Path | None = None) -> list[Prompt]:
     """Prompts of a recipe source: ``selfmade``, ``documents``, ``chat`` (the 13 Spec-Bench kinds of
-    task, :mod:`opttree.distill.chat_prompts`) or a JSONL file (first ``n``)."""
+    task, :mod:`opttree.distill.data.chat_prompts`) or a JSONL file (first ``n``)."""
     if kind == "chat":
         return chat_prompts(n, seed, local_documents(), german_strings())
     if kind == "selfmade":

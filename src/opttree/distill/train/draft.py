@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..loading.draft_model import DraftMeta, save_draft
+from ...loading.draft_model import DraftMeta, save_draft
 from .model import init_draft
 
 logger = logging.getLogger(__name__)
@@ -214,7 +214,7 @@ def train_draft(target, records: list[dict], out_dir: str | Path, cfg: TrainConf
                 pad_id: int, always_keep: list[int] = ()) -> TrainResult:
     """Build a draft from ``target`` and distil ``records`` into it; save the best to ``out_dir``.
 
-    ``records`` come from :func:`opttree.distill.data.generate_round`. A checkpoint of the
+    ``records`` come from :func:`opttree.distill.data.answers.generate_round`. A checkpoint of the
     latest state goes to ``out_dir/checkpoint`` at every evaluation.
     """
     out_dir = Path(out_dir)

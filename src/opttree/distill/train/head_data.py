@@ -1,6 +1,6 @@
 """Feature records -> training pieces and padded batches for a feature head (:mod:`.head_train`).
 
-A record (:mod:`.features`) holds one text's ``input_ids`` [L], the target's features ``hidden``
+A record (:mod:`.data.features`) holds one text's ``input_ids`` [L], the target's features ``hidden``
 [L, len(layers) * H] (16-bit on disk) and its top-k soft labels ``topk_ids`` / ``topk_logits``
 [L, k]. Texts are cut into pieces of at most ``max_len`` positions, grouped into batches of
 similar length, and collated into float32 :class:`FeatureBatch` tensors.
@@ -84,7 +84,7 @@ def chunks(records: list[dict], max_len: int, marker: list[int] = (), answers_on
 
 def make_batch(records: list[dict], device: torch.device | str = "cpu") -> FeatureBatch:
     """The records collated where they lie (records kept on a GPU are batched there, with no trip
-    through the host: :mod:`.resident`), then moved to ``device``."""
+    through the host: :mod:`.recipes.resident`), then moved to ``device``."""
     b, width = len(records), max(len(r["input_ids"]) for r in records)
     h, k = records[0]["hidden"].shape[1], records[0]["topk_ids"].shape[1]
     where = records[0]["hidden"].device

@@ -8,7 +8,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from .head_train import HeadTrainConfig, HeadTrainResult, train_head
+from ..train.head_train import HeadTrainConfig, HeadTrainResult, train_head
 from .recipe import Recipe, Stage
 
 HEAD_FILES = ("model.safetensors", "opttree_draft.json", "training.json")  # a trained head; its checkpoint stays behind
@@ -31,10 +31,10 @@ def stage_summary(result: HeadTrainResult) -> dict:
 
 def train_stage(target, tokenizer, records: list[dict], folder: Path, cfg: HeadTrainConfig, init: Path | None,
                 val_records: list[dict] | None = None, checkpoint_dir: Path | None = None) -> dict:
-    """Train one stage's head into ``folder`` (:func:`~.head_train.train_head`, the tokenizer's end
+    """Train one stage's head into ``folder`` (:func:`~.train.head_train.train_head`, the tokenizer's end
     tokens always kept and its answer marker found) and return its :func:`stage_summary`."""
-    from .data import eos_ids
-    from .features import answer_marker
+    from ..data.answers import eos_ids
+    from ..data.features import answer_marker
 
     result = train_head(target, records, folder, cfg, sorted(eos_ids(target, tokenizer)),
                         answer_marker=answer_marker(tokenizer), init=init, val_records=val_records,

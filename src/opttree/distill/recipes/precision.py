@@ -7,9 +7,9 @@ whose kernels fall back to emulation. So ``auto`` times a short probe of each pr
 shapes the round will use and picks the faster one per stage:
 
 - ``features``: one target forward over a text of ``feature_tokens`` positions, hidden states on
-  (:func:`opttree.distill.features.features_of`);
+  (:func:`opttree.distill.data.features.features_of`);
 - ``train``: one optimizer step of the head on a batch of ``train_tokens`` positions
-  (:func:`opttree.distill.head_train.train_step`).
+  (:func:`opttree.distill.train.head_train.train_step`).
 
 Each stage is scouted first at ``SCOUT_TOKENS`` positions (one warm-up and one timed call per
 precision): a precision ``SCOUT_MARGIN`` times slower there than another is not timed at the full
@@ -32,8 +32,8 @@ from typing import Callable
 
 import torch
 
-from ..loading.machine import bf16_flags, cpu_model, machine_name  # noqa: F401 (their home before machine.py)
-from ..loading.turns import take_turns
+from ...loading.machine import bf16_flags, cpu_model, machine_name  # noqa: F401 (their home before machine.py)
+from ...loading.turns import take_turns
 
 logger = logging.getLogger("opttree.distill")
 
@@ -106,7 +106,7 @@ def named(precision: str, machine: str = "") -> PrecisionChoice:
 
 def feature_probe(target, tokens: int, layers: tuple[int, ...], topk: int, bf16: bool) -> Callable[[], object]:
     """One target forward over ``tokens`` random positions with hidden states, as extraction runs it."""
-    from .features import features_of
+    from ..data.features import features_of
 
     ids = torch.randint(0, target.config.vocab_size, (tokens,), generator=torch.Generator().manual_seed(0))
     return lambda: features_of(target, ids, topk, bf16, layers)
@@ -115,9 +115,9 @@ def feature_probe(target, tokens: int, layers: tuple[int, ...], topk: int, bf16:
 def train_probe(target, cfg, tokens: int, bf16: bool) -> Callable[[], object]:
     """One optimizer step of a head shaped as ``cfg`` (HeadTrainConfig) on a random batch of
     ``tokens`` positions (rows of ``cfg.max_len``), as training runs it."""
-    from .head_data import FeatureBatch
-    from .head import new_head
-    from .head_train import head_optimizer, kept_index, train_step
+    from ..train.head_data import FeatureBatch
+    from ..train.head import new_head
+    from ..train.head_train import head_optimizer, kept_index, train_step
 
     vocab = target.config.vocab_size
     kept = torch.arange(min(cfg.num_kept_tokens, vocab))

@@ -6,9 +6,9 @@ what chat users ask, one kind in turn:
 writing, roleplay, reasoning, math, coding, extraction, STEM, humanities, translation,
 summarization, QA, math reasoning and retrieval-augmented answers (RAG).
 
-Topics come from :data:`opttree.distill.prompts.TOPICS` plus the wider lists below; passages for
+Topics come from :data:`opttree.distill.data.prompts.TOPICS` plus the wider lists below; passages for
 summarization, extraction and RAG come from the machine's own documents
-(:func:`opttree.distill.sources.local_documents`), German for translation from its gettext
+(:func:`opttree.distill.data.sources.local_documents`), German for translation from its gettext
 catalogues. Everything is deterministic in the seed and the files present.
 """
 
@@ -163,7 +163,7 @@ def chat_prompts(n: int, seed: int, docs: tuple[tuple[str, str], ...] = (),
     """``n`` prompts, the 13 kinds in turn (``Prompt.kind`` names the kind), deterministic in ``seed``.
 
     docs: ``(name, text)`` documents for summarization, extraction and RAG; german: sentences to
-    translate (:func:`opttree.distill.sources.local_documents`, ``german_strings``). A kind whose
+    translate (:func:`opttree.distill.data.sources.local_documents`, ``german_strings``). A kind whose
     text is missing becomes a QA prompt, so ``n`` prompts always come back.
     """
     rng = random.Random(seed)

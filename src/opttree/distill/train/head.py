@@ -10,8 +10,8 @@ from pathlib import Path
 
 import torch
 
-from ..drafters.head.feature_head import FeatureHead, HeadConfig
-from ..loading import files, head_file
+from ...drafters.head.feature_head import FeatureHead, HeadConfig
+from ...loading import files, head_file
 
 
 def new_head(target, token_ids: torch.Tensor | None = None, init_layer: int | None = None,

@@ -6,7 +6,7 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .data import DataConfig, generate_round, load_round
+from .answers import DataConfig, generate_round, load_round
 from .prompts import Prompt, context_prompts, seed_prompts
 
 logger = logging.getLogger(__name__)
@@ -15,7 +15,7 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class PromptPlan:
     """Which prompts to answer: user prompts, or ``num_seed`` self-made ones + ``num_context``
-    tasks over the target's own answers (see :mod:`opttree.distill.prompts`)."""
+    tasks over the target's own answers (see :mod:`opttree.distill.data.prompts`)."""
 
     user_prompts: list[Prompt] | None = None
     num_seed: int = 1600

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from ..loading import draft_model, files
+from ...loading import draft_model, files
 
 
 def init_draft(target, init_layers: list[int], token_ids: torch.Tensor):

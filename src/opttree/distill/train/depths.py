@@ -1,6 +1,6 @@
 """Agreement at tree depths 1, 2, 3, ... given that the path so far was accepted.
 
-The unrolled passes of a head (:func:`opttree.distill.head_train.unrolled`) play, at position
+The unrolled passes of a head (:func:`opttree.distill.train.head_train.unrolled`) play, at position
 ``j`` of pass ``d``, the depth-``d + 1`` node of a chain rooted at ``r = j - d`` whose ancestors
 are the text's own tokens ``r + 1 .. j``. Those ancestors are what a verifier accepts only when
 the head drafted them, i.e. when passes ``0 .. d - 1`` agreed at ``r .. j - 1``. So:

@@ -13,7 +13,7 @@ def load_target(path: str | Path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if str(path) == "smollm2":
-        from ..smollm2 import load_smollm2
+        from ...smollm2 import load_smollm2
 
         return load_smollm2()
     path = Path(path)

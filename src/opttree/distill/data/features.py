@@ -6,7 +6,7 @@ One teacher-forced target forward per text gives, at every position ``i``:
 - ``topk_ids[i]`` / ``topk_logits[i]`` [k]: its k best next-token ids/logits (the soft label).
 
 Any text works (the labels are the target's, not the text's next tokens); the target's own
-answers (:mod:`opttree.distill.data`) are the closest to what it will be asked to draft for.
+answers (:mod:`opttree.distill.data.answers`) are the closest to what it will be asked to draft for.
 Shards ``<out_dir>/shard_00012.safetensors`` (:mod:`.shards`) that exist are skipped, so an
 interrupted run resumes. ``hidden`` may hold several target layers (``layers``, concatenated).
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from .data import load_round
+from .answers import load_round
 from .shards import save_records, shard_name
 
 logger = logging.getLogger(__name__)
@@ -82,7 +82,7 @@ def sixteen_bits(x: torch.Tensor) -> torch.Tensor:
 def extract_features(target, sequences: list[torch.Tensor], out_dir: str | Path, topk: int = 16,
                      shard_size: int = 64, bf16: bool = False, layers: tuple[int, ...] = (-1,)) -> Path:
     """Features for every sequence, in resumable shards under ``out_dir``. Returns ``out_dir``."""
-    from .data import progress
+    from .answers import progress
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -91,7 +91,7 @@ def answer_batch(model, tokenizer, prompt_ids: list[list[int]], cfg: DataConfig,
                  with_logits: bool = True) -> list[Sample]:
     """Greedy answers for one batch of tokenised prompts, with the target's top-k logits
     (``with_logits=False``: none, ``topk_*`` empty; a big batch then holds no [B, N, V] logits,
-    for callers that take the labels from a features pass: :mod:`.resident`)."""
+    for callers that take the labels from a features pass: :mod:`.recipes.resident`)."""
     stop = eos_ids(model, tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(stop)
     ids, mask = (t.to(model.device) for t in _left_pad(prompt_ids, pad_id))  # [B, T]

@@ -1,6 +1,6 @@
 """Train a :class:`~opttree.drafters.head.feature_head.FeatureHead` on the target's features.
 
-Data: records from :mod:`opttree.distill.features` (tokens, the target's features ``f`` and its
+Data: records from :mod:`opttree.distill.data.features` (tokens, the target's features ``f`` and its
 top-k next-token logits at every position).
 
 The passes and their loss are :mod:`.head_loss`'s: training-time test (the head unrolled
@@ -14,13 +14,13 @@ Validation agreement per depth = how often the head's argmax at depth ``d`` equa
 greedy token there (depth 1 is the root's children: the first drafted token).
 
 Answer positions: with an ``answer_marker`` (the token ids the chat template puts before an
-answer, :func:`~opttree.distill.features.answer_marker`), only the positions that predict answer
+answer, :func:`~opttree.distill.data.features.answer_marker`), only the positions that predict answer
 tokens are scored in validation, and, with ``HeadTrainConfig.answers_only``, in the loss. The
 prompt still serves as context. Without it, every position counts (the system prompt and the
 user's text then inflate the validation number: they are not what the head drafts).
 
 With a ``checkpoint_dir``, a run resumes where it stopped (:mod:`.checkpoint`) and ends exactly as
-an uninterrupted run would; :func:`train_step` is also what :mod:`.precision` times.
+an uninterrupted run would; :func:`train_step` is also what :mod:`.recipes.precision` times.
 """
 
 from __future__ import annotations
@@ -37,15 +37,15 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..drafters.head.feature_head import FeatureHead
+from ...drafters.head.feature_head import FeatureHead
 from .head_data import FeatureBatch, chunks, make_batch, pieces, token_batches
 from .checkpoint import (TrainState, capture_rng, load_optimizer_tensors, load_train_state, optimizer_tensors,
                          restore_rng, rng_from_json, rng_to_json, save_train_state)
-from ..loading.head_file import HeadMeta, save_head
+from ...loading.head_file import HeadMeta, save_head
 from .head import continued_head, grown, new_head, widened, with_trained_rows
 from .head_loss import kept_index, pass_loss, unrolled
-from .shards import sha256
-from .train import kept_tokens, lr_at, ranked_tokens, split_records
+from ..data.shards import sha256
+from .draft import kept_tokens, lr_at, ranked_tokens, split_records
 
 logger = logging.getLogger(__name__)
 
@@ -185,7 +185,7 @@ def train_head(target, records: list[dict], out_dir: str | Path, cfg: HeadTrainC
     - ``checkpoint_dir``: every ``checkpoint_every`` steps, after each evaluation and at the end,
       the run's whole state goes there (:mod:`.checkpoint`); a run started again with the same
       data and settings goes on from it and ends exactly as an uninterrupted run would."""
-    from .data import progress
+    from ..data.answers import progress
 
     out_dir = Path(out_dir)
     torch.manual_seed(cfg.seed)

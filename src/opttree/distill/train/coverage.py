@@ -2,7 +2,7 @@
 kept vocabulary of each size covers (``opttree distill --recipe R --cache C --stage coverage``).
 
 The kept tokens are ranked on training texts as training ranks them
-(:func:`opttree.distill.train.ranked_tokens`) and the coverage is counted on held-out texts, so
+(:func:`opttree.distill.train.draft.ranked_tokens`) and the coverage is counted on held-out texts, so
 it is what a head trained on the one would meet on the other. A greedy token outside the kept
 vocabulary is one the head can never draft.
 """
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .train import ranked_tokens, split_records
+from .draft import ranked_tokens, split_records
 
 SIZES = (8192, 16384, 32768)
 
@@ -63,7 +63,7 @@ def split_coverage(records: list[dict], sizes: tuple[int, ...] = SIZES, held_fra
 def extended_kept(kept: torch.Tensor, ranked: torch.Tensor, size: int) -> torch.Tensor:
     """A kept set of ``size`` ids [size] (sorted ascending) that starts from ``kept`` [K] (a head's
     own tokens, all of them) and adds the first ids of ``ranked`` [V] it lacks. ``size`` below K
-    is refused: a head's kept set only widens (:func:`opttree.distill.head.widened`)."""
+    is refused: a head's kept set only widens (:func:`opttree.distill.train.head.widened`)."""
     kept = kept.cpu().long().unique()
     if size < len(kept):
         raise ValueError(f"a kept set of {size} cannot hold the head's own {len(kept)} tokens")

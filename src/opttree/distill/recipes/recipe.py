@@ -47,7 +47,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .head_train import HeadTrainConfig
+from ..train.head_train import HeadTrainConfig
 
 
 @dataclass(frozen=True)

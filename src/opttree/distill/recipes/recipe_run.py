@@ -24,7 +24,7 @@ import torch
 
 from .precision import PrecisionChoice
 from .recipe import Recipe, Source, Stage, fingerprint
-from .shards import load_records, save_records, sha256, shard_name, shard_paths
+from ..data.shards import load_records, save_records, sha256, shard_name, shard_paths
 from .stages import ship_head, stage_init, train_stage
 
 logger = logging.getLogger("opttree.distill")
@@ -34,11 +34,11 @@ STAGE_FILE = "stage.json"
 def load_recipe_target(recipe: Recipe, device: str):
     """``(target, tokenizer)`` named by the recipe, fp32, on ``device``."""
     if recipe.target == "smollm2":
-        from ..smollm2 import load_smollm2
+        from ...smollm2 import load_smollm2
 
         target, tokenizer = load_smollm2()
     else:
-        from .targets import load_target
+        from ..data.targets import load_target
 
         path = Path(recipe.target)
         target, tokenizer = load_target(path if path.is_absolute() else recipe.base / path)
@@ -65,7 +65,7 @@ def _claim(folder: Path, stamp: dict) -> None:
 
 def teacher_records(tokenizer, pairs: list[tuple[str, str]], max_len: int) -> list[dict]:
     """(user turn, assistant text) pairs → records with ``input_ids`` [L] and ``prompt_len``."""
-    from .data import chat_ids
+    from ..data.answers import chat_ids
 
     out = []
     for user, text in pairs:
@@ -79,8 +79,8 @@ def teacher_records(tokenizer, pairs: list[tuple[str, str]], max_len: int) -> li
 
 def make_source(recipe: Recipe, source: Source, target, tokenizer, folder: Path) -> list[dict]:
     """Make (or resume) one source's texts under ``folder``; returns its records."""
-    from .data import DataConfig, generate_round, load_round
-    from .sources import prompts_of, teacher_pairs
+    from ..data.answers import DataConfig, generate_round, load_round
+    from ..data.sources import prompts_of, teacher_pairs
 
     seed = recipe.seed if source.seed is None else source.seed
     _claim(folder, {"fingerprint": source_fingerprint(recipe, source), "settings": asdict(source), "seed": seed})
@@ -109,7 +109,7 @@ def make_features(recipe: Recipe, source: Source, records: list[dict], target, f
                   precision: PrecisionChoice | None = None) -> Path:
     """The features of ``records`` under ``folder`` (resumed by shard), in ``precision``'s
     (default: the recipe's ``[features] bf16``)."""
-    from .features import extract_features, unique_sequences
+    from ..data.features import extract_features, unique_sequences
 
     spec = recipe.features
     bf16 = precision.features == "bf16" if precision is not None else spec.bf16
@@ -120,7 +120,7 @@ def make_features(recipe: Recipe, source: Source, records: list[dict], target, f
 
 def stage_fingerprint(recipe: Recipe, stage: Stage, init_fp: str) -> str:
     """What a stage's result depends on; how fast it ran (precision, checkpoint spacing) is left out."""
-    from .head_train import EXECUTION_FIELDS
+    from ..train.head_train import EXECUTION_FIELDS
 
     train = {k: v for k, v in asdict(recipe.train_config(stage)).items() if k not in EXECUTION_FIELDS}
     return fingerprint({"stage": stage, "train": train, "init": init_fp,
