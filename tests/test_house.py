@@ -70,9 +70,6 @@ def unnamed_modules(package: Path) -> dict[str, list[str]]:
     return out
 
 
-# Folders whose __init__.py another piece of work is rewriting (the EAGLE heads' move of drafters/ and
-# distill/'s split into rooms): the modules they may leave unnamed until then. A folder named here
-# must still name every module not listed.
 def test_each_folder_docstring_names_every_module_of_it(tmp_path):
     unnamed = unnamed_modules(PACKAGE)
     assert unnamed == {}

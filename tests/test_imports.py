@@ -143,8 +143,48 @@ def test_decoding_never_imports_training():
     assert into_distill == []
     assert any(folder_of(t) == "loading" for m, ts in graph.items() if folder_of(m) == "distill" for t in ts)  # control
     # negative control: an arrow from the runtime into training is caught
-    assert wrong_imports({"opttree.drafters.make": {"opttree.distill.model"}}) == [
-        ("opttree.drafters.make", "opttree.distill.model")]
+    assert wrong_imports({"opttree.drafters.make": {"opttree.distill.train.model"}}) == [
+        ("opttree.drafters.make", "opttree.distill.train.model")]
+
+
+# distill/'s rooms, each a floor (their __init__.py says why): the command (cli.py, on top) runs the
+# recipes, the recipes run the trainers, the trainers read the data. A new room is declared here.
+DISTILL_MAY_IMPORT = {
+    "recipes": {"train", "data"},
+    "train": {"data"},
+    "data": set(),
+}
+
+
+DISTILL_TOP = ("cli", "__main__")  # with distill/__init__.py: the command, above every room
+
+
+def distill_room(module: str) -> str:
+    """opttree.distill.train.head -> "train"; opttree.distill.cli (the top) -> ""."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "distill" and parts[2] not in DISTILL_TOP else ""
+
+
+def wrong_distill_imports(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """The imports of a module in a room of distill/ that reach the top or a room it may not import
+    (a room not declared in DISTILL_MAY_IMPORT may import nothing of distill/)."""
+    return sorted((m, t) for m, ts in graph.items() for t in ts
+                  if distill_room(m) and t.startswith("opttree.distill") and distill_room(t) != distill_room(m)
+                  and distill_room(t) not in DISTILL_MAY_IMPORT.get(distill_room(m), set()))
+
+
+def test_each_room_of_distill_imports_only_the_rooms_below_it():
+    graph = import_graph(Path(opttree.__file__).parent)
+    assert wrong_distill_imports(graph) == []
+    rooms = {p.parent.name for p in (Path(opttree.__file__).parent / "distill").glob("*/__init__.py")}
+    assert rooms == set(DISTILL_MAY_IMPORT), "declare each room of distill/ in DISTILL_MAY_IMPORT"
+    crossings = {(distill_room(m), distill_room(t)) for m, ts in graph.items() for t in ts}
+    assert ("recipes", "train") in crossings and ("train", "data") in crossings  # the graph sees them (control)
+    # negative controls: an arrow back up, and one from a room to the command, are caught
+    up = {"opttree.distill.data.features": {"opttree.distill.train.head"},
+          "opttree.distill.train.head": {"opttree.distill.cli"}}
+    assert wrong_distill_imports(up) == [("opttree.distill.data.features", "opttree.distill.train.head"),
+                                         ("opttree.distill.train.head", "opttree.distill.cli")]
 
 
 def test_generate_with_a_draft_folder_loads_no_training_module(tmp_path):
