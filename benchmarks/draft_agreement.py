@@ -218,10 +218,10 @@ def answer_tokens(answers: list[dict]) -> torch.Tensor:
 
 def kept_ranking(record_dirs: list[Path], vocab_size: int) -> torch.Tensor:
     """[V] ids, most useful first: by the target's greedy-token counts in the shards under
-    ``record_dirs`` (``opttree.distill.train.draft.ranked_tokens``), or in id order without any."""
+    ``record_dirs`` (``opttree.distill.train.shared.ranked_tokens``), or in id order without any."""
     from opttree.distill.train.coverage import id_ranking
     from opttree.distill.data.shards import load_records, shard_paths
-    from opttree.distill.train.draft import ranked_tokens
+    from opttree.distill.train.shared import ranked_tokens
 
     records = [{"topk_ids": r["topk_ids"]} for d in record_dirs for p in shard_paths(d) for r in load_records(p)]
     return ranked_tokens(records, vocab_size, []) if records else id_ranking(vocab_size)

@@ -38,7 +38,7 @@ def held_out_coverage(kept_ids: torch.Tensor, answers: list[dict], sizes: list[i
     """{rule: {size: (token-weighted coverage, category mean, worst category and its coverage)}}, each
     category's kept sets chosen from the other categories' answers."""
     from opttree.distill.train.coverage import extended_kept, id_ranking, set_coverage
-    from opttree.distill.train.draft import ranked_tokens
+    from opttree.distill.train.shared import ranked_tokens
 
     by_category: dict[str, list[int]] = defaultdict(list)
     for a in answers:

@@ -126,7 +126,7 @@ def test_a_checkpoint_is_written_atomically_and_never_pickled(tmp_path, target, 
 
 def _split(data):
     from opttree.distill.train.head_data import chunks
-    from opttree.distill.train.draft import split_records
+    from opttree.distill.train.shared import split_records
 
     train, val = split_records(data, CFG.val_fraction, CFG.seed)
     return chunks(train, CFG.max_len), chunks(val, CFG.max_len)

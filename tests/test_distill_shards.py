@@ -10,7 +10,7 @@ from models import tiny_model
 from opttree.distill.data.features import features_of
 from opttree.distill.train.head_data import make_batch
 from opttree.distill.data.shards import load_records, save_records, sha256
-from opttree.distill.train.draft import soft_hard_loss
+from opttree.distill.train.shared import soft_hard_loss
 
 
 def test_the_same_records_always_give_the_same_bytes(tmp_path):

@@ -13,7 +13,7 @@ from opttree.distill.data.features import features_of
 from opttree.distill.train.head import new_head, widened, with_trained_rows
 from opttree.distill.train.head_loss import kept_index, noised, pass_loss, topk_loss, unrolled
 from opttree.distill.train.head_train import HeadTrainConfig, head_optimizer, make_batch, train_head, train_step
-from opttree.distill.train.draft import soft_hard_loss
+from opttree.distill.train.shared import soft_hard_loss
 from opttree.loading.head_file import HEAD_FORMAT, HEAD_FORMAT_ROWS, save_head
 from test_feature_head import oracle_head, randomised
 

@@ -162,7 +162,7 @@ def run_round(recipe: Recipe, out: str | Path, device: str, budget: Budget, prom
               feature_tokens: int = 16384) -> Timings:
     """The round (module doc); returns its :class:`Timings` (also in ``out/round.json``)."""
     from .recipe_run import load_recipe_target
-    from ..train.draft import split_records
+    from ..train.shared import split_records
 
     start = time.time()
     out = Path(out)

@@ -3,8 +3,9 @@
 * :mod:`.head`: a feature head made, continued, widened or grown; :mod:`.head_data`: feature
   records → pieces and padded batches; :mod:`.head_loss`: the unrolled passes and their loss;
   :mod:`.head_train`: the head's training loop (resumable, validated per depth);
-* :mod:`.model`: an independent draft of some of the target's layers; :mod:`.draft`: its training,
-  and the helpers every trainer shares (held-out split, kept tokens, soft + hard loss, the schedule);
+* :mod:`.model`: an independent draft of some of the target's layers; :mod:`.draft`: its training;
+* :mod:`.shared`: what every trainer shares (the held-out split, the kept tokens, the soft + hard
+  loss, the schedule);
 * :mod:`.checkpoint`: a run's resumable state; :mod:`.depths`: agreement along an accepted path;
   :mod:`.coverage`: how much of the target's greedy tokens a kept vocabulary covers.
 

@@ -2,7 +2,7 @@
 kept vocabulary of each size covers (``opttree distill --recipe R --cache C --stage coverage``).
 
 The kept tokens are ranked on training texts as training ranks them
-(:func:`opttree.distill.train.draft.ranked_tokens`) and the coverage is counted on held-out texts, so
+(:func:`opttree.distill.train.shared.ranked_tokens`) and the coverage is counted on held-out texts, so
 it is what a head trained on the one would meet on the other. A greedy token outside the kept
 vocabulary is one the head can never draft.
 """
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .draft import ranked_tokens, split_records
+from .shared import ranked_tokens, split_records
 
 SIZES = (8192, 16384, 32768)
 

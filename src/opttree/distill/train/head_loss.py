@@ -6,7 +6,7 @@ one (:func:`unrolled`, :func:`unroll_mask`: exactly the tree drafting mask).
 
 Loss of one pass (:func:`pass_loss`) at the positions that have a root:
 - ``soft_weight`` × CE to the target's top-k distribution renormalised over the kept tokens, plus
-  the rest × CE to its argmax (:func:`opttree.distill.train.draft.soft_hard_loss`);
+  the rest × CE to its argmax (:func:`opttree.distill.train.shared.soft_hard_loss`);
 - ``topk_weight`` × HASS's top-K term (:func:`topk_loss`);
 - ``reg_weight`` × smooth-L1 between the predicted feature and ``f_j`` (EAGLE-1's feature loss;
   EAGLE-3 drops it).
@@ -23,7 +23,7 @@ from torch import nn
 
 from ...drafters.head.feature_head import FeatureHead
 from .head_data import FeatureBatch
-from .draft import soft_hard_loss
+from .shared import soft_hard_loss
 
 NOISE_KINDS = ("rms", "eagle")
 

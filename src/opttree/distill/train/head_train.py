@@ -45,7 +45,7 @@ from ...loading.head_file import HeadMeta, save_head
 from .head import continued_head, grown, new_head, widened, with_trained_rows
 from .head_loss import kept_index, pass_loss, unrolled
 from ..data.shards import sha256
-from .draft import kept_tokens, lr_at, ranked_tokens, split_records
+from .shared import kept_tokens, lr_at, ranked_tokens, split_records
 
 logger = logging.getLogger(__name__)
 
