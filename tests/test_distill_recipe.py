@@ -172,3 +172,19 @@ def test_the_same_command_runs_on_cuda(recipe_dir):
 
     target = AutoModelForCausalLM.from_pretrained(recipe_dir / "target").eval()
     assert load_draft(recipe_dir / "out", target).c.num_layers == 2
+
+
+def test_flags_the_recipe_holds_are_refused_beside_it(tmp_path, capsys):
+    """One path: beside --recipe, a flag that describes a run without a recipe is refused (never ignored)."""
+    recipe = tmp_path / "r.toml"
+    recipe.write_text("")
+    for extra in (["--target", "smollm2"], ["--kind=layers"], ["--lr", "1e-3"], ["--answers-only"]):
+        with pytest.raises(SystemExit) as stop:
+            main(["--recipe", str(recipe), "--cache", str(tmp_path / "c"), "--out", str(tmp_path / "o")] + extra)
+        assert stop.value.code == 2
+        assert extra[0].split("=")[0] in capsys.readouterr().err
+    # control: the flags a recipe run reads pass the check (the run then refuses the empty recipe)
+    from opttree.distill.cli import build_parser, recipe_held_flags
+    argv = ["--recipe", str(recipe), "--cache", "c", "--out", "o", "--stage", "probe", "--precision", "fp32",
+            "--device", "cpu", "--threads", "1", "--probe-seconds", "0.5"]
+    assert recipe_held_flags(build_parser(), build_parser().parse_args(argv), argv) == []

@@ -8,7 +8,8 @@ One command rebuilds a shipped draft from its recipe file (:mod:`opttree.distill
 Data, features and every training stage are cached under ``--cache`` and resumed when the same
 command runs again; ``--stage data`` / ``features`` stops after that step.
 
-Without a recipe, flags describe one run (the older interface)::
+Without a recipe, flags describe one run (the older interface; beside ``--recipe`` they are refused,
+the recipe file holds them)::
 
     opttree distill --target smollm2 --out my-head --max-minutes 40
 
@@ -125,6 +126,9 @@ def main(argv: list[str] | None = None, prog: str = "opttree distill") -> int:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     if args.recipe:
+        held = recipe_held_flags(build_parser(prog), args, sys.argv[1:] if argv is None else argv)
+        if held:
+            build_parser(prog).error(f"{', '.join(held)}: the recipe file holds these; leave them out beside --recipe")
         return _run_recipe(args)
     if not args.target:
         build_parser().error("--target is required without --recipe")
@@ -171,6 +175,18 @@ def main(argv: list[str] | None = None, prog: str = "opttree distill") -> int:
                 result.path, result.val_agreement, result.steps, result.seconds / 60,
                 result.train_tokens)
     return 0
+
+
+# What a run with --recipe reads of the flags; every other flag describes a run without a recipe.
+RECIPE_RUN_FLAGS = {"recipe", "out", "cache", "stage", "precision", "probe_seconds", "threads", "device", "help"}
+
+
+def recipe_held_flags(parser: argparse.ArgumentParser, args, argv: list[str]) -> list[str]:
+    """The flags given (named in ``argv`` or set off their default) that a recipe file holds."""
+    named = {a.split("=", 1)[0] for a in argv if a.startswith("--")}
+    return [action.option_strings[0] for action in parser._actions
+            if action.dest not in RECIPE_RUN_FLAGS and action.option_strings
+            and (named & set(action.option_strings) or getattr(args, action.dest) != action.default)]
 
 
 def _run_recipe(args) -> int:
