@@ -34,7 +34,22 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         terminalreporter.write_line(f"these failures ran on {_versions()}")
 
 
+# The files that take longest, longest first (seconds on one worker, AMX Xeon, 2026-11-28). scripts/test.sh
+# hands whole files to its workers in collection order (--dist loadfile --no-loadscope-reorder), so
+# these start first and no worker is left alone with a long file at the end; the rest keep their order.
+LONGEST_FILES = ("test_real_model.py", "test_cpu_caps.py", "test_device_kit.py", "test_compiled_draft.py",
+                 "test_batch.py", "test_readme.py", "test_eagle_heads.py", "test_sampling.py", "test_notebook.py",
+                 "test_overhead.py", "test_sliding_window.py", "test_long_runs.py")
+
+
+def longest_first(items: list) -> None:
+    """Reorder ``items`` in place: :data:`LONGEST_FILES` first, in that order; the others after, as collected."""
+    rank = {name: i for i, name in enumerate(LONGEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's tests keep their order
+
+
 def pytest_collection_modifyitems(config, items):
+    longest_first(items)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")

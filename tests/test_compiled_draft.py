@@ -238,7 +238,7 @@ def test_the_compiled_step_counts(step_spy):
         step_spy["calls"].clear()
         with OverheadCounter(target, head) as counter:
             step_spy["counter"] = counter
-            gen.generate(PROMPT, max_new_tokens=120, compile_config=config)
+            gen.generate(PROMPT, max_new_tokens=80, compile_config=config)
             step_spy["counter"] = None
     steps = gen.last_stats.steps
     depth = sum(s.tree_depth for s in steps) / len(steps)
