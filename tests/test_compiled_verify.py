@@ -223,6 +223,32 @@ def test_with_no_cache_named_the_call_verifies_compiled_where_generate_would_com
     assert compiles_seen == [False, False, False] and len(mine) > 0  # the user's cache was the one filled
 
 
+def test_a_graph_calibration_compiled_serves_decoding_as_it_is():
+    """Calibration's forward of a size compiles the graph decoding's forwards of that size then run: its
+    inputs are inference tensors as decoding's are (a compiled graph guards on that). The test below
+    checks the same through a whole call, but only when decoding happens to use a size calibration
+    timed; this one always does. Found there: calibration built its inputs outside inference mode, so
+    every calibrated size compiled again in decoding ("dispatch key set mismatch" in TORCH_LOGS=recompiles)."""
+    from opttree.budget.timing import VerifyRig
+    from opttree.hf.compiled import target_forward
+
+    target, recorder = sharp("llama"), Recorder()
+    forward = VerifyForward(target, target.get_compiled_call(forced(recorder)))
+    rig = VerifyRig(target, 32, forward=forward)
+    rig.run(15)  # a 16-row forward, as calibration times it
+    assert recorder.rows == [16]
+    rig.inputs.clear()
+    with torch.inference_mode():  # decoding builds its inputs and runs its forward in inference mode
+        target_forward(target, rig._inputs(15), rig.cache, False, forward=forward)
+    assert recorder.rows == [16]  # no second graph
+    with torch.no_grad():  # control: inputs that are no inference tensors do compile again
+        rig.inputs.clear()
+        inputs = rig._inputs(15)
+    with torch.inference_mode():
+        target_forward(target, inputs, rig.cache, False, forward=forward)
+    assert recorder.rows == [16, 16]
+
+
 def test_auto_calibrates_through_the_compiled_forward_and_decoding_reuses_its_graphs(tmp_path, monkeypatch):
     """nodes="auto" where the verification compiles: calibration times the compiled forward (its graphs,
     on a static cache of a short call's size), its file says so, and the call's decoding compiles no

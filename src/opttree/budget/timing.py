@@ -79,8 +79,8 @@ class VerifyRig:
     def run(self, n: int) -> float:
         """One verification forward of ``n`` nodes, decoding's own (:func:`opttree.hf.compiled.target_forward`):
         its seconds."""
-        inputs = self._inputs(n)
-        with torch.inference_mode():
+        with torch.inference_mode():  # its inputs too: a compiled graph guards on inference tensors, and
+            inputs = self._inputs(n)  # decoding's are (built outside, each size compiled again in decoding)
             start = time.perf_counter()
             target_forward(self.target, inputs, self.cache, self.hidden, forward=self.forward)
             _sync(self.device)
