@@ -9,11 +9,11 @@ import logging
 
 import pytest
 import torch
-from transformers import CompileConfig
+from transformers import CompileConfig, StaticCache
 
 from models import peaked, tiny_model
 from opttree import speculative_generate
-from opttree.hf.compat import GENERATE_CACHE_NAME
+from opttree.hf.compat import GENERATE_CACHE_NAME, with_cache
 from opttree.hf.compiled import VerifyForward
 from opttree.tree.sizes import VERIFY_SIZES
 
@@ -223,28 +223,38 @@ def test_with_no_cache_named_the_call_verifies_compiled_where_generate_would_com
     assert compiles_seen == [False, False, False] and len(mine) > 0  # the user's cache was the one filled
 
 
+def inference_kinds(cache) -> list[tuple[str, bool]]:
+    """Which of a static cache's tensors are inference tensors, layer by layer (what a graph guards on)."""
+    return [(name, value.is_inference()) for layer in cache.layers for name, value in sorted(vars(layer).items())
+            if isinstance(value, torch.Tensor)]
+
+
 def test_a_graph_calibration_compiled_serves_decoding_as_it_is():
     """Calibration's forward of a size compiles the graph decoding's forwards of that size then run: its
-    inputs are inference tensors as decoding's are (a compiled graph guards on that). The test below
-    checks the same through a whole call, but only when decoding happens to use a size calibration
-    timed; this one always does. Found there: calibration built its inputs outside inference mode, so
-    every calibrated size compiled again in decoding ("dispatch key set mismatch" in TORCH_LOGS=recompiles)."""
+    inputs are inference tensors and its static cache ordinary ones, as decoding's are (a graph guards on
+    that: "dispatch key set mismatch" in TORCH_LOGS=recompiles). The test below checks it through a
+    whole call, but only when decoding happens to use a size calibration timed (it failed 2 runs in 6);
+    this one always does. Control: inputs that are no inference tensors compile again."""
     from opttree.budget.timing import VerifyRig
     from opttree.hf.compiled import target_forward
 
     target, recorder = sharp("llama"), Recorder()
     forward = VerifyForward(target, target.get_compiled_call(forced(recorder)))
     rig = VerifyRig(target, 32, forward=forward)
+    decoding = StaticCache(config=target.config, max_cache_len=64)  # as integration/prepare.py opens one
+    with torch.inference_mode():  # and step 0's prefill fills it
+        target(input_ids=PROMPT, **with_cache(target, decoding), use_cache=True)
+    assert inference_kinds(rig.cache) == inference_kinds(decoding)
     rig.run(15)  # a 16-row forward, as calibration times it
     assert recorder.rows == [16]
     rig.inputs.clear()
     with torch.inference_mode():  # decoding builds its inputs and runs its forward in inference mode
         target_forward(target, rig._inputs(15), rig.cache, False, forward=forward)
     assert recorder.rows == [16]  # no second graph
-    with torch.no_grad():  # control: inputs that are no inference tensors do compile again
+    with torch.no_grad():
         rig.inputs.clear()
         inputs = rig._inputs(15)
-    with torch.inference_mode():
+    with torch.inference_mode():  # control
         target_forward(target, inputs, rig.cache, False, forward=forward)
     assert recorder.rows == [16, 16]
 
@@ -274,7 +284,7 @@ def test_auto_calibrates_through_the_compiled_forward_and_decoding_reuses_its_gr
     assert torch.equal(out, target.generate(PROMPT, max_new_tokens=12))
     (kind, calibrated), = seen
     assert kind == "compiled" and calibrated and set(calibrated) <= set(VERIFY_SIZES), recorder.rows
-    assert not set(calibrated) & set(recorder.rows[len(calibrated):])  # decoding compiled none of those again
+    assert not set(calibrated) & set(recorder.rows[len(calibrated):]), (calibrated, recorder.rows)  # decoding compiled none of those again
     files = list(tmp_path.glob("*.json"))
     assert len(files) == 1 and '"forward": "compiled"' in files[0].read_text()
     calibration.clear_calibrations()

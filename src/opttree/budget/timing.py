@@ -57,11 +57,13 @@ class VerifyRig:
         self.layout = MaskLayout.of(target.config)
         self.inputs: dict[int, ForwardInputs] = {}
         self.kv_len = None if self.forward is None else MIN_SLOTS  # a compiled forward runs on a static cache
+        # made as decoding's: a static cache outside inference mode (integration/prepare.py), its keys and
+        # values allocated by the prefill inside it; a compiled graph guards on which tensors are inference ones
+        if self.forward is None:
+            self.cache = kv_cache.new_cache(target)
+        else:  # the size of a short call's: the graphs it compiles are decoding's too
+            self.cache = StaticCache(config=target.config, max_cache_len=MIN_SLOTS)
         with torch.inference_mode():
-            if self.forward is None:
-                self.cache = kv_cache.new_cache(target)
-            else:  # the size of a short call's: the graphs it compiles are decoding's too
-                self.cache = StaticCache(config=target.config, max_cache_len=MIN_SLOTS)
             ids = (torch.arange(prefix, dtype=torch.long) * 7 % self.vocab)[None, :].to(self.device)
             target(input_ids=ids, **with_cache(target, self.cache), use_cache=True, logits_to_keep=1)
             kv_cache.keep_slots(self.cache, prefix, [])  # a sliding window's layers keep the window, as after a step
