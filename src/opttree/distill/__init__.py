@@ -12,6 +12,7 @@ their stages through :mod:`.stages`. Cache shards are safetensors (:mod:`.shards
 :mod:`.coverage` measure agreement along an accepted path and the kept vocabulary.
 The command: :mod:`.cli` (``opttree distill``; :mod:`.__main__` for ``python -m``), :mod:`.pipeline`
 (prompts → answers → a trained draft in one call), :mod:`.targets` (the target a draft is made for).
+:mod:`.eagle3`: a head trained in the EAGLE-3 layout itself (``--kind eagle3``).
 The prompts' kinds: :mod:`.chat_prompts`. A feature head's batches and loss: :mod:`.head_data`,
 :mod:`.head_loss`.
 

@@ -80,8 +80,10 @@ def build_parser(prog: str = "opttree distill") -> argparse.ArgumentParser:
                         "fp32 on the round's shapes and picks the faster per stage (kept in <cache>/precision.json "
                         "for this machine); bf16 / fp32 name it")
     p.add_argument("--probe-seconds", type=float, default=1.0, help="seconds each precision's probe runs")
-    p.add_argument("--kind", choices=["head", "layers"], default="head",
-                   help="head: an EAGLE-style feature head; layers: an independent small model")
+    p.add_argument("--kind", choices=["head", "eagle3", "layers"], default="head",
+                   help="head: an EAGLE-style feature head; eagle3: a head in the EAGLE-3 layout (fc over three "
+                        "target layers, its own lm_head over the --kept-tokens most frequent tokens), a folder "
+                        "vLLM/SGLang read as it is; layers: an independent small model")
     g = p.add_argument_group("data")
     g.add_argument("--prompts", help="JSONL of user prompts ('prompt' or 'turns'); default: self-made")
     g.add_argument("--num-seed-prompts", type=int, default=1024, help="self-made prompts answered in round 1")
@@ -162,6 +164,10 @@ def main(argv: list[str] | None = None, prog: str = "opttree distill") -> int:
         eval_every=args.eval_every, seed=args.seed, save_dtype=args.save_dtype,
     )
     stop = eos_ids(target, tokenizer)
+    if args.kind == "eagle3":
+        from .eagle3.run import run_eagle3
+
+        return run_eagle3(target, tokenizer, records, cache, args)
     if args.kind == "head":
         return _train_head(target, tokenizer, records, cache, args, sorted(stop))
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(stop)
