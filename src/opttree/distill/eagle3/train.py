@@ -117,7 +117,7 @@ def train_eagle3(target, records: list[dict], out: str | Path, cfg: Eagle3TrainC
             result.losses.append(float(loss.detach()))
             result.train_tokens += int(p.valid.sum())
             if cfg.eval_every and step % cfg.eval_every == 0 and val:
-                logger.info("eagle3 step %d/%d loss %.3f val agreement by depth %s", step, total, float(loss),
+                logger.info("eagle3 step %d/%d loss %.3f val agreement by depth %s", step, total, float(loss.detach()),
                             " ".join(f"{a:.3f}" for a in agreement(head, val, cfg, full_to_kept)))
     result.steps, result.seconds = step, time.time() - start
     result.val_agreement = agreement(head, val, cfg, full_to_kept) if val else []
