@@ -2,8 +2,8 @@
 itself. On a tiny random Llama target: the folder is the layout's (keys, config, d2t as offsets, t2d),
 loads with opttree.load_draft and as draft_model=<folder>, decodes greedy-equal to plain generate(),
 exports to the last bit; the training forward is the drafter's (pairing at t + 1, pre-norm h2 fed
-back); training lowers the loss on its data. Negative controls: features paired at t, d2t written as
-absolute ids, a learning rate of 0."""
+back); training lowers the loss on its data. Negative controls: features paired at t, the normed h2
+fed back, d2t written as absolute ids, a learning rate of 0."""
 
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ from opttree.distill.eagle3.train import Eagle3TrainConfig, taps_records, train_
 from opttree.distill.eagle3.vocab import draft_vocabulary
 from opttree.distill.features import features_of
 from opttree.distill.head_data import make_batch
-from opttree.distill.head_loss import kept_index
+from opttree.distill.head_loss import kept_index, shifted
+from opttree.distill.train import split_records
 from opttree.drafters.head.eagle import EagleHead, default_taps
 from opttree.tree import DraftTree
 
@@ -74,7 +75,7 @@ def test_the_folder_is_the_eagle3_layout(trained):
     assert state["fc.weight"].shape == (h, 3 * h) and state["midlayer.self_attn.q_proj.weight"].shape[1] == 2 * h
     assert state["lm_head.weight"].shape == (VD, h)
     # d2t is an offset onto the most frequent tokens of the training texts; t2d marks them
-    train_records, _ = __import__("opttree.distill.train", fromlist=["x"]).split_records(records, CFG.val_fraction, 0)
+    train_records, _ = split_records(records, CFG.val_fraction, 0)
     used = draft_vocabulary(train_records, 96, VD)
     assert state["d2t"].dtype == torch.int64 and torch.equal(torch.arange(VD) + state["d2t"], used)
     assert state["t2d"].dtype == torch.bool and int(state["t2d"].sum()) == VD and bool(state["t2d"][used].all())
@@ -147,7 +148,7 @@ def _training_pair(head, target, ids, child):
     return (torch.softmax(head.full_logits(g0[0, m - 1]), -1), torch.softmax(head.full_logits(g1[0, m]), -1))
 
 
-def test_the_training_forward_is_the_drafters_and_pairing_at_t_is_caught(trained, monkeypatch):
+def test_the_training_forward_is_the_drafters_and_wrong_feeding_is_caught(trained, monkeypatch):
     target, _, out, _ = trained
     head = opttree.load_draft(out, target)
     ids = torch.randint(3, 90, (1, 10), generator=torch.Generator().manual_seed(3))
@@ -160,6 +161,12 @@ def test_the_training_forward_is_the_drafters_and_pairing_at_t_is_caught(trained
         batch.topk_logits[:, 1:], batch.answer[:, 1:]))
     wrong = _training_pair(head, target, ids, child)
     assert not torch.allclose(_drafter_pair(head, target, ids, child)[0], wrong[0], rtol=1e-2, atol=1e-4)
+    monkeypatch.undo()
+    # negative control: deeper passes fed the normed h2 (not the pre-norm one) draft other q at depth 2
+    monkeypatch.setattr(unroll, "shifted", lambda g: shifted(head.norm(g)))
+    right, wrong = _drafter_pair(head, target, ids, child), _training_pair(head, target, ids, child)
+    torch.testing.assert_close(right[0], wrong[0], rtol=1e-4, atol=1e-6)  # depth 1 does not read it
+    assert not torch.allclose(right[1], wrong[1], rtol=1e-2, atol=1e-4)
 
 
 def test_training_lowers_the_loss_on_its_data(trained):
