@@ -8,7 +8,6 @@ fed back, d2t written as absolute ids, a learning rate of 0."""
 from __future__ import annotations
 
 import json
-from argparse import Namespace
 
 import pytest
 import torch
@@ -198,8 +197,7 @@ def test_the_command_trains_from_the_cached_answers(tmp_path):
     target = target_for("llama")
     records = [{"input_ids": ids} for ids in answers(target, n=8)]
     args = build_parser().parse_args(["--kind", "eagle3", "--out", str(tmp_path / "out"), "--kept-tokens", "48",
-                                      "--unroll", "2", "--batch-tokens", "128", "--eval-every", "0"])
-    args = Namespace(**vars(args), max_steps=4)
+                                      "--unroll", "2", "--batch-tokens", "128", "--eval-every", "0", "--epochs", "1"])
     assert run_eagle3(target, None, records, tmp_path / "cache", args) == 0
     assert (tmp_path / "cache" / FEATURES_FOLDER).is_dir() and not (tmp_path / "cache" / "features").exists()
     assert opttree.load_draft(tmp_path / "out", target).c.draft_vocab_size == 48

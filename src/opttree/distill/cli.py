@@ -13,8 +13,9 @@ Without a recipe, flags describe one run (the older interface)::
     opttree distill --target smollm2 --out my-head --max-minutes 40
 
 ``--kind head`` (recommended) trains an EAGLE-style feature head that reads the target's last
-hidden state (:mod:`opttree.distill.head_train`); ``--kind layers`` an independent small model made
-of a few of the target's layers (:mod:`opttree.distill.train`).
+hidden state (:mod:`opttree.distill.head_train`); ``--kind eagle3`` a head in the EAGLE-3 layout
+itself, whose folder vLLM and SGLang read as it is (:mod:`opttree.distill.eagle3`); ``--kind layers``
+an independent small model made of a few of the target's layers (:mod:`opttree.distill.train`).
 
 ``--stage data`` only generates (and caches) the target's answers; ``--stage train`` only
 trains on what is cached (for a head, it first caches the target's features of those answers);

@@ -32,7 +32,7 @@ def run_eagle3(target, tokenizer, records: list[dict], cache: Path, args) -> int
     cfg = Eagle3TrainConfig(
         draft_vocab_size=args.kept_tokens, unroll=args.unroll, epochs=args.epochs, batch_tokens=args.batch_tokens,
         max_len=args.max_len, lr=args.lr, max_minutes=args.max_minutes, eval_every=args.eval_every, seed=args.seed,
-        save_dtype=args.save_dtype, answers_only=args.answers_only, max_steps=getattr(args, "max_steps", None))
+        save_dtype=args.save_dtype, answers_only=args.answers_only)
     result = train_eagle3(target, load_features(folder), args.out, cfg, answer_marker(tokenizer))
     logger.info("EAGLE-3 head saved to %s: val agreement by depth %s after %d steps (%.1f min, %d tokens)",
                 result.path, " ".join(f"{a:.3f}" for a in result.val_agreement), result.steps,
