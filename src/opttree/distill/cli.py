@@ -14,8 +14,9 @@ the recipe file holds them)::
     opttree distill --target smollm2 --out my-head --max-minutes 40
 
 ``--kind head`` (recommended) trains an EAGLE-style feature head that reads the target's last
-hidden state (:mod:`opttree.distill.train.head_train`); ``--kind layers`` an independent small model made
-of a few of the target's layers (:mod:`opttree.distill.train.draft`).
+hidden state (:mod:`opttree.distill.train.head_train`); ``--kind eagle3`` a head in the EAGLE-3 layout
+itself, whose folder vLLM and SGLang read as it is (:mod:`opttree.distill.eagle3`); ``--kind layers``
+an independent small model made of a few of the target's layers (:mod:`opttree.distill.train.draft`).
 
 ``--stage data`` only generates (and caches) the target's answers; ``--stage train`` only
 trains on what is cached (for a head, it first caches the target's features of those answers);
@@ -81,8 +82,10 @@ def build_parser(prog: str = "opttree distill") -> argparse.ArgumentParser:
                         "fp32 on the round's shapes and picks the faster per stage (kept in <cache>/precision.json "
                         "for this machine); bf16 / fp32 name it")
     p.add_argument("--probe-seconds", type=float, default=1.0, help="seconds each precision's probe runs")
-    p.add_argument("--kind", choices=["head", "layers"], default="head",
-                   help="head: an EAGLE-style feature head; layers: an independent small model")
+    p.add_argument("--kind", choices=["head", "eagle3", "layers"], default="head",
+                   help="head: an EAGLE-style feature head; eagle3: a head in the EAGLE-3 layout (fc over three "
+                        "target layers, its own lm_head over the --kept-tokens most frequent tokens), a folder "
+                        "vLLM/SGLang read as it is; layers: an independent small model")
     g = p.add_argument_group("data")
     g.add_argument("--prompts", help="JSONL of user prompts ('prompt' or 'turns'); default: self-made")
     g.add_argument("--num-seed-prompts", type=int, default=1024, help="self-made prompts answered in round 1")
@@ -166,6 +169,10 @@ def main(argv: list[str] | None = None, prog: str = "opttree distill") -> int:
         eval_every=args.eval_every, seed=args.seed, save_dtype=args.save_dtype,
     )
     stop = eos_ids(target, tokenizer)
+    if args.kind == "eagle3":
+        from .eagle3.run import run_eagle3
+
+        return run_eagle3(target, tokenizer, records, cache, args)
     if args.kind == "head":
         return _train_head(target, tokenizer, records, cache, args, sorted(stop))
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(stop)
