@@ -116,14 +116,14 @@ def write_speculators(folder: Path, target, vd: int = 64, seed: int = 0, **more)
     return save(folder, config, state)
 
 
-def write_eagle1(folder: Path, target, seed: int = 0, bias: bool = True, pickled: bool = False) -> Path:
+def write_eagle1(folder: Path, target, seed: int = 0, bias: bool = True, pickled: bool = False, **more) -> Path:
     h = target.config.hidden_size
     g = torch.Generator().manual_seed(seed)
     state = {"fc.weight": _random((h, 2 * h), g)}
     if bias:
         state["fc.bias"] = 0.1 * torch.randn(h, generator=g)
     state.update(layer_weights("layers.0.", h, h, g, input_norm=False))
-    config = head_config(h, VOCAB, architectures=["LlamaForCausalLM"], **({} if bias else {"bias": False}))
+    config = head_config(h, VOCAB, architectures=["LlamaForCausalLM"], **({} if bias else {"bias": False}), **more)
     return save(folder, config, state, pickled)
 
 
@@ -135,23 +135,25 @@ def rms(x, w, eps=EPS):
     return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
 
 
-def rotate(x, positions, theta=THETA):
-    """x [heads, n, d] rotated by positions [n] (the half-split layout, rotate_half)."""
+def rotate(x, positions, theta=THETA, rope=None):
+    """x [heads, n, d] rotated by positions [n] (the half-split layout, rotate_half); ``rope``: a
+    callable positions [n] -> (cos, sin) [n, d] in place of the default RoPE of ``theta``."""
     d = x.shape[-1]
     inv = 1.0 / theta ** (torch.arange(0, d, 2).float() / d)
     angles = positions[:, None].float() * inv
     angles = torch.cat([angles, angles], -1)
+    cos, sin = (angles.cos(), angles.sin()) if rope is None else rope(positions)
     turned = torch.cat([-x[..., d // 2:], x[..., :d // 2]], -1)
-    return x * angles.cos() + turned * angles.sin()
+    return x * cos + turned * sin
 
 
-def attention_mlp(sd, p, x, residual, positions, visible):
+def attention_mlp(sd, p, x, residual, positions, visible, rope=None):
     """q/k/v of x [n, w], causal by ``visible`` [n, n] bool, residual [n, h] -> the layer's output [n, h]."""
     n, hd = x.shape[0], residual.shape[-1] // HEADS
     q = (x @ sd[p + "self_attn.q_proj.weight"].T).view(n, HEADS, hd).transpose(0, 1)
     k = (x @ sd[p + "self_attn.k_proj.weight"].T).view(n, KV_HEADS, hd).transpose(0, 1)
     v = (x @ sd[p + "self_attn.v_proj.weight"].T).view(n, KV_HEADS, hd).transpose(0, 1)
-    q, k = rotate(q, positions), rotate(k, positions)
+    q, k = rotate(q, positions, rope=rope), rotate(k, positions, rope=rope)
     k, v = k.repeat_interleave(HEADS // KV_HEADS, 0), v.repeat_interleave(HEADS // KV_HEADS, 0)
     scores = q @ k.transpose(1, 2) / hd ** 0.5 + torch.where(visible, 0.0, float("-inf"))
     attended = (scores.softmax(-1) @ v).transpose(0, 1).reshape(n, HEADS * hd)
@@ -161,17 +163,17 @@ def attention_mlp(sd, p, x, residual, positions, visible):
     return x1 + act @ sd[p + "mlp.down_proj.weight"].T
 
 
-def eagle3_layer(sd, emb, hidden, positions, visible, swap=False, norm_before_residual=False):
+def eagle3_layer(sd, emb, hidden, positions, visible, swap=False, norm_before_residual=False, rope=None):
     p = "midlayer." if "midlayer.hidden_norm.weight" in sd else "layers.0."
     normed = rms(hidden, sd[p + "hidden_norm.weight"])
     e = rms(emb, sd[p + "input_layernorm.weight"])
     x = torch.cat([normed, e] if swap else [e, normed], -1)
-    return attention_mlp(sd, p, x, normed if norm_before_residual else hidden, positions, visible)
+    return attention_mlp(sd, p, x, normed if norm_before_residual else hidden, positions, visible, rope)
 
 
-def eagle1_layer(sd, emb, hidden, positions, visible):
+def eagle1_layer(sd, emb, hidden, positions, visible, rope=None):
     x = torch.cat([emb, hidden], -1) @ sd["fc.weight"].T + sd.get("fc.bias", 0.0)
-    return attention_mlp(sd, "layers.0.", x, x, positions, visible)
+    return attention_mlp(sd, "layers.0.", x, x, positions, visible, rope)
 
 
 def tree_mask(n: int) -> torch.Tensor:
@@ -180,14 +182,16 @@ def tree_mask(n: int) -> torch.Tensor:
 
 
 def reference_q(kind: str, sd: dict, target, prompt: torch.Tensor, broken: str | None = None,
-                embed: torch.Tensor | None = None, norm_before_residual: bool = False) -> tuple[torch.Tensor, torch.Tensor, int]:
+                embed: torch.Tensor | None = None, norm_before_residual: bool = False,
+                rope=None) -> tuple[torch.Tensor, torch.Tensor, int]:
     """The draft's q for the children of the prompt's last token [V], the best of them (a target id),
     and q [V] for that child's children, as EAGLE's topK_genrate drafts them (called with the prompt
     but its last token's features and the prompt's ids: entry j pairs token j + 1 with feature j at
     position j; a depth-1 node sits at position n and reads the last entry's pre-norm output).
 
     broken (negative controls): "taps+1" (layer ids one off), "swap" (hidden before embedding),
-    "d2t-absolute" (d2t read as target ids), "pre-norm" (EAGLE-1's feature before the final norm)."""
+    "d2t-absolute" (d2t read as target ids), "pre-norm" (EAGLE-1's feature before the final norm).
+    rope: positions [n] -> (cos, sin) [n, d], a scaled RoPE's (:func:`rotate`)."""
     ids = prompt[0]
     layers = target.config.num_hidden_layers
     captured = {}
@@ -210,7 +214,7 @@ def reference_q(kind: str, sd: dict, target, prompt: torch.Tensor, broken: str |
 
             def layer(emb, hid, pos, visible):
                 return eagle3_layer(sd, emb, hid, pos, visible, swap=broken == "swap",
-                                    norm_before_residual=norm_before_residual)
+                                    norm_before_residual=norm_before_residual, rope=rope)
 
             def probs(out):
                 q = torch.zeros(len(out), VOCAB)
@@ -222,7 +226,7 @@ def reference_q(kind: str, sd: dict, target, prompt: torch.Tensor, broken: str |
             lm_head = target.get_output_embeddings().weight.detach()
 
             def layer(emb, hid, pos, visible):
-                return eagle1_layer(sd, emb, hid, pos, visible)
+                return eagle1_layer(sd, emb, hid, pos, visible, rope)
 
             def probs(out):
                 return (out @ lm_head.T).softmax(-1)

@@ -1,7 +1,8 @@
 """What opttree knows of transformers' objects: the one place their internals are touched.
 
 * :mod:`.kv_cache`: the cache: keep a step's accepted slots, the rows' holes, compaction;
-* :mod:`.compat`: names that moved between transformers versions (the cache's);
+* :mod:`.compat`: names that moved between transformers versions (the cache's), and a draft head's
+  scaled RoPE as transformers computes it;
 * :mod:`.validation`: a model's vocabulary, context and attention; checks of a generate() call;
 * :mod:`.tree_cache`: the cache contract (which caches a call may use, refused by name with a fix),
   and the target's cache opened for trees and closed back as plain leaves it;

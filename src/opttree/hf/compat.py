@@ -9,15 +9,23 @@ declares, and no version check lives anywhere else.
 ``Cache.crop`` takes a negative count since 5.23 (``kv_cache`` only ever passes one). HF assisted
 generation runs on a static cache from 5.24 (before, it raises): the one thing read from the version
 (:func:`assisted_takes_static_cache`; the bench's ``assisted-compiled``).
+
+A draft head's scaled RoPE (:func:`scaled_rope`) is computed by transformers' own
+``ROPE_INIT_FUNCTIONS[rope_type](config, device)`` on a ``LlamaConfig`` of the head's config.json
+fields. 5.18 and 5.24 agree on both (the function's signature; ``LlamaConfig`` taking the legacy
+``rope_scaling`` or ``rope_parameters``, read into ``config.rope_parameters``, ``rope_scaling`` first);
+a later move of either is met here.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import inspect
 import sys
 
+import torch
 import transformers
 from transformers.generation.utils import GenerateDecoderOnlyOutput, GenerationMixin
 
@@ -100,6 +108,28 @@ def generate_locals(max_depth: int = 5) -> dict:
         if frame.f_code is code:
             return frame.f_locals
     return {}
+
+
+#: RoPE types whose frequencies transformers computes once from the config (never from the run's length)
+STATIC_ROPE_TYPES = ("linear", "llama3", "yarn")
+#: the config.json fields transformers' Llama rotary embedding reads
+ROPE_FIELDS = ("hidden_size", "num_attention_heads", "head_dim", "max_position_embeddings", "rope_theta",
+               "rope_scaling", "rope_parameters", "partial_rotary_factor", "original_max_position_embeddings")
+
+
+def scaled_rope(fields: dict) -> tuple[tuple[float, ...], float]:
+    """(inverse frequencies [head_dim/2] float32, as floats; the attention scaling that multiplies cos and
+    sin) that transformers' Llama rotary embedding computes for a config.json of ``fields`` (a static
+    type of :data:`STATIC_ROPE_TYPES`; another is a ValueError naming it). ``fields`` is not modified."""
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    config = LlamaConfig(**{k: copy.deepcopy(fields[k]) for k in ROPE_FIELDS if fields.get(k) is not None})
+    kind = (config.rope_parameters or {}).get("rope_type", "default")
+    if kind not in STATIC_ROPE_TYPES:
+        raise ValueError(f"RoPE of type {kind!r} has no static frequencies ({', '.join(STATIC_ROPE_TYPES)} have)")
+    inverse, scaling = ROPE_INIT_FUNCTIONS[kind](config, torch.device("cpu"))
+    return tuple(inverse.float().tolist()), float(scaling)
 
 
 def streamer_kept_by_generate(max_depth: int = 4):

@@ -6,7 +6,8 @@ read back by :mod:`.eagle_folder` to the same q, bit for bit.
 ``eagle_config.eagle_aux_hidden_state_layer_ids`` only where the taps differ from the default
 (2, L//2, L-3), as the state entering each layer: vLLM's reading) and ``model.safetensors`` with
 ``midlayer.*`` names (SGLang's loader knows only those; vLLM renames them), ``fc``, ``norm``,
-``lm_head``, ``d2t`` and ``t2d`` (and ``embed_tokens`` where the head has its own).
+``lm_head``, ``d2t`` and ``t2d`` (and ``embed_tokens`` where the head has its own); a scaled RoPE's
+fields (``rope_scaling`` or ``rope_parameters``, ``max_position_embeddings``...) as they were read.
 ``layout="eagle1"`` writes an EAGLE-1/2 head as EAGLE's own folder (``LlamaForCausalLM``, ``fc``,
 ``layers.N.*``). opttree's own feature head has no such form: refused, naming each part that has none.
 """
@@ -50,6 +51,7 @@ def eagle3_config(c: EagleConfig, dtype: torch.dtype) -> dict:
               "draft_vocab_size": c.draft_vocab_size, "rms_norm_eps": c.rms_eps, "rope_theta": c.rope_theta,
               "hidden_act": "silu", "attention_bias": c.qkv_bias, "tie_word_embeddings": False,
               "norm_before_residual": c.norm_before_residual, "torch_dtype": str(dtype).removeprefix("torch.")}
+    config.update(rope_settings(c))
     if c.target_hidden_size != c.hidden_size:
         config["target_hidden_size"] = c.target_hidden_size
     if tuple(c.taps) != default_taps(c.target_layers):
@@ -62,7 +64,12 @@ def eagle1_config(c: EagleConfig, dtype: torch.dtype) -> dict:
             "num_attention_heads": c.num_heads, "num_key_value_heads": c.num_kv_heads, "head_dim": c.head_dim,
             "intermediate_size": c.intermediate_size, "num_hidden_layers": c.num_layers, "vocab_size": c.vocab_size,
             "rms_norm_eps": c.rms_eps, "rope_theta": c.rope_theta, "hidden_act": "silu", "bias": c.fc_bias,
-            "qkv_bias": c.qkv_bias, "torch_dtype": str(dtype).removeprefix("torch.")}
+            "qkv_bias": c.qkv_bias, "torch_dtype": str(dtype).removeprefix("torch."), **rope_settings(c)}
+
+
+def rope_settings(c: EagleConfig) -> dict:
+    """A scaled RoPE's config.json fields as the head's folder held them (none for the default RoPE)."""
+    return json.loads(c.rope_settings) if c.rope_settings else {}
 
 
 def exported_state(head: EagleHead) -> dict[str, torch.Tensor]:

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from ..drafters.head.eagle import EAGLE1, EAGLE3, EagleConfig, EagleHead, default_taps
+from ..hf.compat import STATIC_ROPE_TYPES, scaled_rope
 from ..hf.width import text_config
 
 CONFIG_FILE = "config.json"
@@ -137,15 +138,40 @@ def field(config: dict, name: str, path: Path, default=None, kind=int):
     return kind(value)
 
 
-def rope_theta(config: dict, path: Path) -> float:
-    """The head's own RoPE base (default 10000, LlamaConfig's and EAGLE's); scaled RoPE is refused by name."""
+#: the config.json fields that set a scaled RoPE beside rope_theta and the shapes (export writes them back)
+ROPE_SETTINGS = ("rope_scaling", "rope_parameters", "max_position_embeddings", "original_max_position_embeddings",
+                 "partial_rotary_factor")
+
+
+def rope(config: dict, head_dim: int, path: Path) -> dict:
+    """The head's own RoPE as EagleConfig fields (never the target's): ``rope_theta`` (default 10000,
+    LlamaConfig's and EAGLE's); a static scaled type (linear, llama3, yarn: read as transformers reads it,
+    ``rope_scaling`` before ``rope_parameters``, ``rope_type`` before ``type``) adds the frequencies and
+    cos/sin scaling transformers' Llama rotary embedding computes from this config
+    (:func:`opttree.hf.compat.scaled_rope`) and the fields as read. Any other type is refused by name."""
     parameters = config.get("rope_parameters") or {}
-    scaling = config.get("rope_scaling")
-    kind = (scaling or parameters).get("rope_type", (scaling or {}).get("type", "default"))
-    if kind != "default":
-        raise ValueError(f"{path / CONFIG_FILE}: RoPE of type {kind!r} is not supported for a draft head yet "
-                         "(only the default rotary positions)")
-    return float(parameters.get("rope_theta", config.get("rope_theta") or 10000.0))
+    scaling = config.get("rope_scaling") or parameters
+    if not isinstance(parameters, dict) or not isinstance(scaling, dict):
+        raise ValueError(f"{path / CONFIG_FILE}: 'rope_scaling' and 'rope_parameters' must be JSON objects")
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    theta = {"rope_theta": float(parameters.get("rope_theta", config.get("rope_theta") or 10000.0))}
+    if kind == "default":
+        return theta
+    if kind not in STATIC_ROPE_TYPES:
+        raise ValueError(f"{path / CONFIG_FILE}: RoPE of type {kind!r} is not supported for a draft head (opttree "
+                         f"loads 'default', {', '.join(map(repr, STATIC_ROPE_TYPES))}; 'dynamic' and 'longrope' "
+                         "change their frequencies with the sequence length at run time)")
+    try:
+        frequencies, attention_scaling = scaled_rope(config)
+    except (ValueError, TypeError, KeyError, ZeroDivisionError) as error:
+        raise ValueError(f"{path / CONFIG_FILE}: its {kind!r} RoPE settings are incomplete or invalid "
+                         f"({type(error).__name__}: {error}); restore the head's config.json") from None
+    if len(frequencies) != head_dim // 2:
+        raise ValueError(f"{path / CONFIG_FILE}: RoPE over {2 * len(frequencies)} of the head's {head_dim} "
+                         "dimensions (partial_rotary_factor) is not supported; only the whole head")
+    settings = {k: config[k] for k in ROPE_SETTINGS if config.get(k) is not None}
+    return dict(theta, rope_frequencies=frequencies, rope_attention_scaling=attention_scaling,
+                rope_settings=json.dumps(settings))
 
 
 def tap_ids(raw: dict, layout: str, layers: int, path: Path) -> tuple[int, ...]:
@@ -188,10 +214,11 @@ def eagle_config(raw: dict, layout: str, state: dict, target, path: Path) -> Eag
     if head_layout == EAGLE3 and num_layers != 1:
         raise ValueError(f"{path / CONFIG_FILE}: an EAGLE-3 head of {num_layers} layers is not supported (one layer)")
     bias = raw.get("bias", True)
+    head_dim = field(layer, "head_dim", path, default=h // heads)
     return EagleConfig(
         layout=head_layout, hidden_size=h, num_heads=heads,
         num_kv_heads=field(layer, "num_key_value_heads", path, default=heads),
-        head_dim=field(layer, "head_dim", path, default=h // heads),
+        head_dim=head_dim,
         intermediate_size=field(layer, "intermediate_size", path),
         vocab_size=vocab,
         draft_vocab_size=field(raw, "draft_vocab_size", path, default=vocab) if head_layout == EAGLE3 else vocab,
@@ -199,12 +226,12 @@ def eagle_config(raw: dict, layout: str, state: dict, target, path: Path) -> Eag
         target_layers=tc.num_hidden_layers,
         taps=tap_ids(raw, layout, tc.num_hidden_layers, path) if head_layout == EAGLE3 else (-1,),
         rms_eps=field(layer, "rms_norm_eps", path, default=1e-6, kind=float),
-        rope_theta=rope_theta(layer, path),
         norm_before_residual=field(raw, "norm_before_residual", path, default=layout == SPECULATORS, kind=bool),
         fc_bias=head_layout == EAGLE1 and bias is not False,
         qkv_bias=bool(layer.get("attention_bias") or layer.get("qkv_bias")),
         num_layers=num_layers,
         own_embedding="embed_tokens.weight" in state,
+        **rope(layer, head_dim, path),
     )
 
 

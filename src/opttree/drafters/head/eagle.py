@@ -27,7 +27,7 @@ from torch import nn
 from ...hf.width import text_config
 from .layer import KV, HeadLayer, RMSNorm
 from .base import DraftHead
-from .eagle_layers import BareInputLayer, Eagle3Layer
+from .eagle_layers import BareInputLayer, Eagle3Layer, rope_of
 
 EAGLE3 = "eagle3"
 EAGLE1 = "eagle1"
@@ -61,9 +61,15 @@ class EagleConfig:
     qkv_bias: bool = False
     num_layers: int = 1
     own_embedding: bool = False  # the folder holds embed_tokens (speculators), else the target's is read
+    # scaled RoPE (linear, llama3, yarn): transformers' inverse frequencies [head_dim/2] and cos/sin scaling
+    # for the head's own config (hf.compat.scaled_rope); () the default RoPE's, from rope_theta
+    rope_frequencies: tuple[float, ...] = ()
+    rope_attention_scaling: float = 1.0
+    rope_settings: str = ""  # the head's config.json RoPE fields as read (a JSON object), written back by export
 
     def __post_init__(self):
         object.__setattr__(self, "taps", tuple(int(i) for i in self.taps))
+        object.__setattr__(self, "rope_frequencies", tuple(float(f) for f in self.rope_frequencies))
         if self.layout not in (EAGLE3, EAGLE1):
             raise ValueError(f"layout must be {EAGLE3!r} or {EAGLE1!r}: {self.layout!r}")
 
@@ -101,7 +107,7 @@ class EagleHead(DraftHead):
             token_ids = torch.arange(c.draft_vocab_size) + self.d2t  # [Vd] target ids
         else:
             self.fc = nn.Linear(2 * h, h, bias=c.fc_bias)
-            self.layers = nn.ModuleList([BareInputLayer(c)] + [HeadLayer(c, qkv_bias=c.qkv_bias)
+            self.layers = nn.ModuleList([BareInputLayer(c)] + [HeadLayer(c, qkv_bias=c.qkv_bias, **rope_of(c))
                                                                 for _ in range(c.num_layers - 1)])
             self.register_buffer("out_weight", out_weight.detach().float(), persistent=False)  # [V, h]
             token_ids = torch.arange(c.vocab_size)

@@ -20,11 +20,16 @@ import torch
 from .layer import HeadLayer, RMSNorm
 
 
+def rope_of(c) -> dict:
+    """An eagle.EagleConfig's scaled RoPE as :class:`HeadLayer`'s keywords (empty frequencies: the default)."""
+    return {"rope_frequencies": c.rope_frequencies, "rope_attention_scaling": c.rope_attention_scaling}
+
+
 class Eagle3Layer(HeadLayer):
     """EAGLE-3's ``midlayer``: q/k/v over 2h, a ``hidden_norm``, the residual by ``norm_before_residual``."""
 
     def __init__(self, c):  # c: an eagle.EagleConfig
-        super().__init__(c, attn_width=2 * c.hidden_size, qkv_bias=c.qkv_bias)
+        super().__init__(c, attn_width=2 * c.hidden_size, qkv_bias=c.qkv_bias, **rope_of(c))
         self.hidden_norm = RMSNorm(c.hidden_size, c.rms_eps)
 
     def attention_input(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -40,11 +45,11 @@ class BareInputLayer(HeadLayer):
     """EAGLE-1/2's first layer: a Llama layer without ``input_layernorm``."""
 
     def __init__(self, c):  # c: an eagle.EagleConfig
-        super().__init__(c, qkv_bias=c.qkv_bias)
+        super().__init__(c, qkv_bias=c.qkv_bias, **rope_of(c))
         del self.input_layernorm
 
     def attention_input(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return x, x
 
 
-__all__ = ["BareInputLayer", "Eagle3Layer"]
+__all__ = ["BareInputLayer", "Eagle3Layer", "rope_of"]

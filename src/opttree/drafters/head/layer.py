@@ -3,6 +3,7 @@ rotary positions, a KV cache of explicit tensors, one Llama-style layer and its 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -20,11 +21,28 @@ class RMSNorm(nn.Module):
         return (x.float() * torch.rsqrt(variance + self.eps)).to(x.dtype) * self.weight
 
 
-def rotary(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """positions [b, q] long -> (cos, sin) [b, 1, q, head_dim] float32 (half-rotation layout)."""
-    inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim)
+@functools.lru_cache(maxsize=None)
+def inverse_frequencies(frequencies: tuple[float, ...], device: torch.device) -> torch.Tensor:
+    """A scaled RoPE's inverse frequencies as a float32 tensor on ``device``, made once per device."""
+    return torch.tensor(frequencies, dtype=torch.float32, device=device)
+
+
+def rotary(positions: torch.Tensor, head_dim: int, theta: float, frequencies: tuple[float, ...] = (),
+           attention_scaling: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """positions [b, q] long -> (cos, sin) [b, 1, q, head_dim] float32 (half-rotation layout).
+    frequencies: a scaled RoPE's inverse frequencies [head_dim/2] (transformers' for the head's own
+    config, :func:`opttree.hf.compat.scaled_rope`); () the default's, from ``theta``. cos and sin are
+    multiplied by ``attention_scaling`` (yarn's), as transformers' rotary embedding multiplies them."""
+    if frequencies and torch.compiler.is_compiling():  # a constant of the graph (dynamo skips lru_cache)
+        inv = torch.tensor(frequencies, dtype=torch.float32, device=positions.device)
+    elif frequencies:
+        inv = inverse_frequencies(frequencies, positions.device)
+    else:
+        inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim)
     angles = positions[..., None].float() * inv  # [b, q, d/2]
     angles = torch.cat([angles, angles], dim=-1)[:, None]  # [b, 1, q, d]
+    if attention_scaling != 1.0:
+        return angles.cos() * attention_scaling, angles.sin() * attention_scaling
     return angles.cos(), angles.sin()
 
 
@@ -63,12 +81,15 @@ class HeadLayer(nn.Module):
     """One pre-norm Llama-style decoder layer (parameter names as in HF Llama, so a Llama
     target's layer can initialise it) with an explicit KV cache and additive mask."""
 
-    def __init__(self, c, attn_width: int | None = None, qkv_bias: bool = False):
+    def __init__(self, c, attn_width: int | None = None, qkv_bias: bool = False,
+                 rope_frequencies: tuple[float, ...] = (), rope_attention_scaling: float = 1.0):
         """c: a feature_head.HeadConfig or an EagleConfig (hidden_size, num_heads, num_kv_heads, head_dim,
         intermediate_size, rms_eps, rope_theta); attn_width: what q/k/v read (default hidden_size;
-        EAGLE-3's layer reads 2h); qkv_bias: q/k/v with biases (Qwen2-shaped EAGLE heads)."""
+        EAGLE-3's layer reads 2h); qkv_bias: q/k/v with biases (Qwen2-shaped EAGLE heads);
+        rope_frequencies, rope_attention_scaling: a scaled RoPE's (:func:`rotary`; an EagleConfig's)."""
         super().__init__()
         self.c = c
+        self.rope_frequencies, self.rope_attention_scaling = tuple(rope_frequencies), float(rope_attention_scaling)
         width = attn_width or c.hidden_size
         self.input_layernorm = RMSNorm(c.hidden_size, c.rms_eps)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_eps)
@@ -113,13 +134,17 @@ class HeadLayer(nn.Module):
         cache.values.index_copy_(2, slots, new.values)
         return self._finish(residual, query, cache, mask)
 
+    def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions [b, q] long -> this layer's (cos, sin) [b, 1, q, head_dim] (:func:`rotary`)."""
+        return rotary(positions, self.c.head_dim, self.c.rope_theta, self.rope_frequencies, self.rope_attention_scaling)
+
     def _project(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, KV]:
         """x (the layer's input) -> (the residual stream [b, q, H], rotated queries [b, heads, q, d],
         the new entries' KV)."""
         c, a = self.c, self.self_attn
         residual, h = self.attention_input(x)
         b, q, _ = h.shape
-        cos, sin = rotary(positions, c.head_dim, c.rope_theta)
+        cos, sin = self.cos_sin(positions)
         query = apply_rotary(a.q_proj(h).view(b, q, c.num_heads, c.head_dim).transpose(1, 2), cos, sin)
         return residual, query, self.project_kv(h, cos, sin)
 
