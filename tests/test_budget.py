@@ -9,10 +9,11 @@ import torch
 
 from models import peaked, tiny_model
 from opttree import TreeConfig, speculative_generate
-from opttree.budget import calibration, timing
+from opttree.budget import calibration, calibration_file, policy as policy_module, timing
 from opttree.budget import latency as latency_module
-from opttree.budget.latency import (AutoPolicy, LatencyModel, LatencyTable, best_choice, best_size, expected_speed,
-                                    layer_pays, layer_width, next_layer_guess)
+from opttree.budget.latency import LatencyModel, LatencyTable
+from opttree.budget.policy import (AutoPolicy, best_choice, best_size, expected_speed, layer_pays, layer_width,
+                                   next_layer_guess)
 from opttree.integration import prepare as integration  # the preparation: where a call meets its policy
 from opttree.tree.plan import FixedPolicy, LayerState, StepPlan
 from opttree.tree.builder import build_opt_tree
@@ -44,7 +45,7 @@ def step(tree_size=8, verify=0.1, layers=(), root=0.0):
 
 
 # ---------------------------------------------------------------------------------------------
-# the modules: the budget's names each have one home: plan (the seam), latency or calibration
+# the modules: the budget's names each have one home: plan (the seam), latency, policy, calibration, its file or timing
 
 
 BUDGET_NAMES = ['AUTO_MAX_NODES', 'AffineFit', 'AutoPolicy', 'BudgetPolicy', 'CALIBRATION_PREFIX', 'CALIBRATION_VERSION',
@@ -62,7 +63,8 @@ def test_every_budget_name_has_one_home():
     from opttree.tree import plan
 
     for name in BUDGET_NAMES:
-        homes = [m for m in (plan, latency_module, calibration, timing) if name in m.__all__]
+        homes = [m for m in (plan, latency_module, policy_module, calibration, calibration_file, timing)
+                 if name in m.__all__]
         assert len(homes) == 1, name  # offered by exactly one module
         assert getattr(getattr(homes[0], name), "__module__", homes[0].__name__) == homes[0].__name__  # defined there
     assert sorted(plan.__all__) == ["BudgetPolicy", "FixedPolicy", "LayerState", "StepPlan"]
@@ -552,7 +554,7 @@ def test_calibration_off_never_touches_the_disk_and_bad_files_are_ignored(pair, 
     calibration.calibrate(target, drafter, new_drafter, folder=tmp_path / "off", mode="off")
     assert not (tmp_path / "off").exists()
     key = calibration.calibration_key(target, drafter)
-    (tmp_path / f"{calibration._digest(key)}.json").write_text("{not json")
+    (tmp_path / f"{calibration_file.key_digest(key)}.json").write_text("{not json")
     calibration.clear_calibrations()
     calibration.calibrate(target, drafter, new_drafter, folder=tmp_path, mode="on")
     assert len(count_measures) == 2
@@ -561,14 +563,14 @@ def test_calibration_off_never_touches_the_disk_and_bad_files_are_ignored(pair, 
 def test_cache_location_and_mode_come_from_the_environment(monkeypatch, tmp_path):
     monkeypatch.delenv("OPTTREE_CALIBRATION_DIR", raising=False)
     monkeypatch.setenv("OPTTREE_CACHE", str(tmp_path / "root"))
-    assert calibration.cache_dir() == tmp_path / "root" / "calibration"
+    assert calibration_file.cache_dir() == tmp_path / "root" / "calibration"
     monkeypatch.setenv("OPTTREE_CALIBRATION_DIR", str(tmp_path / "cal"))
-    assert calibration.cache_dir() == tmp_path / "cal"
+    assert calibration_file.cache_dir() == tmp_path / "cal"
     monkeypatch.setenv("OPTTREE_CALIBRATION", "Refresh")
-    assert calibration.cache_mode() == "refresh"
+    assert calibration_file.cache_mode() == "refresh"
     monkeypatch.setenv("OPTTREE_CALIBRATION", "sometimes")
     with pytest.raises(ValueError, match="OPTTREE_CALIBRATION"):
-        calibration.cache_mode()
+        calibration_file.cache_mode()
 
 
 def test_calibration_fits_the_context_or_refuses_auto(pair):
@@ -584,7 +586,7 @@ def test_calibration_fits_the_context_or_refuses_auto(pair):
 def test_the_test_session_never_writes_into_the_home_cache():
     from pathlib import Path
 
-    assert not str(calibration.cache_dir()).startswith(str(Path.home() / ".cache"))
+    assert not str(calibration_file.cache_dir()).startswith(str(Path.home() / ".cache"))
 
 
 def test_make_policy_measures_once_per_pair_and_keeps_other_settings(pair, count_measures):
@@ -744,8 +746,8 @@ def test_a_step_at_a_fitted_size_replaces_the_fit_from_its_second_step_on():
     assert latency.verify_scale == 1.0 and latency.verify_offset == 0.0  # no evidence on the correction
     latency.observe(step(15, 0.032))  # a timed size: the correction moves, the table does not
     assert latency.verify_table(15) == pytest.approx(0.016) and latency.verify_scale > 1.0
-    assert calibration.to_json(latency)["verify"] == {"sizes": (0, 15, 63), "seconds": (0.010, 0.016, 0.05)}
-    back = calibration.from_json(json.loads(json.dumps(calibration.to_json(latency))))  # as a file holds it
+    assert calibration_file.to_json(latency)["verify"] == {"sizes": (0, 15, 63), "seconds": (0.010, 0.016, 0.05)}
+    back = calibration_file.from_json(json.loads(json.dumps(calibration_file.to_json(latency))))  # as a file holds it
     assert back.verify.sizes == calibration.VERIFY_NODES and back.verify_measured == {0, 15, 63}
     every = LatencyModel(verify=LatencyTable((0, 15), (0.010, 0.016)))  # control: a table given whole
     every.observe(step(15, 0.02))

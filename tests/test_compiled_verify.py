@@ -263,22 +263,22 @@ def test_auto_calibrates_through_the_compiled_forward_and_decoding_reuses_its_gr
     """nodes="auto" where the verification compiles: calibration times the compiled forward (its graphs,
     on a static cache of a short call's size), its file says so, and the call's decoding compiles no
     graph of a size calibration compiled. Control: the same call eager times eagerly ("eager" key)."""
-    from opttree.budget import calibration
+    from opttree.budget import calibration, timing
 
     monkeypatch.setenv("OPTTREE_CALIBRATION_DIR", str(tmp_path))
     calibration.clear_calibrations()
     target = sharp("llama")
     recorder = Recorder()
     seen = []
-    real = calibration.measure_verify_budgeted
+    real = timing.measure_verify_budgeted
 
     def spy(*args, **kwargs):
         before = len(recorder.rows)
         table = real(*args, **kwargs)
-        seen.append((calibration.forward_kind(kwargs.get("forward")), recorder.rows[before:]))
+        seen.append((timing.forward_kind(kwargs.get("forward")), recorder.rows[before:]))
         return table
 
-    monkeypatch.setattr(calibration, "measure_verify_budgeted", spy)
+    monkeypatch.setattr(timing, "measure_verify_budgeted", spy)
     out = target.generate(PROMPT, max_new_tokens=12, do_sample=False, custom_generate=speculative_generate,
                           draft_model=target, compile_config=forced(recorder))
     assert torch.equal(out, target.generate(PROMPT, max_new_tokens=12))

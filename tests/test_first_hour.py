@@ -12,7 +12,7 @@ import transformers as tf
 import opttree.integration.prepare as integration  # the preparation: where a call meets its policy
 from models import peaked, tiny_model
 from opttree import SpeculativeGenerator, TreeConfig, speculative, speculative_generate
-from opttree.budget.latency import AutoPolicy
+from opttree.budget.policy import AutoPolicy
 from opttree.tree.plan import FixedPolicy
 from opttree.integration.defaults import TreeArguments, resolve
 

@@ -15,7 +15,7 @@ import torch
 
 from models import peaked, tiny_model
 from opttree import TreeConfig, speculative_generate
-from opttree.budget import calibration
+from opttree.budget import calibration, calibration_file
 from opttree.tree import config as config_module
 from opttree import load_draft
 from opttree.distill.train.head import new_head
@@ -154,8 +154,8 @@ def test_a_corrupt_calibration_file_is_measured_again_rewritten_and_warned_about
     assert any(str(path) in w for w in warnings), warnings  # the warning names the file
     rewritten = json.loads(path.read_text())
     assert rewritten["key"] == good["key"]
-    assert calibration.read_cached(good["key"], calibration_dir) is not None  # valid again
-    latency = calibration.from_json(rewritten["latency"])
+    assert calibration_file.read_cached(good["key"], calibration_dir) is not None  # valid again
+    latency = calibration_file.from_json(rewritten["latency"])
     assert all(math.isfinite(t) and t > 0 for t in latency.verify.seconds)
 
 
@@ -164,13 +164,13 @@ def test_a_good_calibration_file_is_read_without_a_warning(good_file, calibratio
     calibration_dir.mkdir()
     (calibration_dir / name).write_text(json.dumps(good))
     with caplog.at_level(logging.WARNING, logger="opttree"):
-        assert calibration.read_cached(good["key"], calibration_dir) is not None
+        assert calibration_file.read_cached(good["key"], calibration_dir) is not None
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
 
 
 def test_a_missing_calibration_file_is_measured_without_a_warning(calibration_dir, caplog):
     with caplog.at_level(logging.WARNING, logger="opttree"):
-        assert calibration.read_cached({"version": 0}, calibration_dir) is None
+        assert calibration_file.read_cached({"version": 0}, calibration_dir) is None
     assert not caplog.records
 
 
@@ -182,9 +182,9 @@ def test_a_missing_calibration_file_is_measured_without_a_warning(calibration_di
 ])
 def test_from_json_refuses_what_it_cannot_use_with_a_value_error(data, what):
     with pytest.raises(ValueError, match=what):
-        calibration.from_json(data)
+        calibration_file.from_json(data)
     good = {"verify": {"sizes": [0, 1], "seconds": [0.1, 0.2]}, "layer": None, "root_seconds": 0.0}
-    assert calibration.from_json(good).verify.at(1) == 0.2
+    assert calibration_file.from_json(good).verify.at(1) == 0.2
 
 
 # ---------------------------------------------------------------------------------------------
@@ -193,14 +193,14 @@ def test_from_json_refuses_what_it_cannot_use_with_a_value_error(data, what):
 
 def test_a_failed_rename_leaves_no_temporary_file(good_file, tmp_path, monkeypatch, caplog):
     _, good = good_file
-    latency = calibration.from_json(good["latency"])
+    latency = calibration_file.from_json(good["latency"])
 
     def refuse(self, target):
         raise OSError("read-only file system")
 
     monkeypatch.setattr(Path, "replace", refuse)
     with caplog.at_level(logging.WARNING, logger="opttree"):
-        assert calibration.write_cached(good["key"], latency, tmp_path) is None
+        assert calibration_file.write_cached(good["key"], latency, tmp_path) is None
     assert list(tmp_path.iterdir()) == []
     assert "could not write the calibration cache" in caplog.text
 

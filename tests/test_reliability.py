@@ -6,7 +6,8 @@ import torch
 
 from opttree import TreeConfig
 from opttree.tree.builder import best_nodes
-from opttree.budget.latency import AUTO_MAX_NODES, AutoPolicy, best_size, expected_speed
+from opttree.budget.latency import AUTO_MAX_NODES
+from opttree.budget.policy import AutoPolicy, best_size, expected_speed
 from opttree.budget.reliability import BINS, EDGES, ReliabilityMap, pool_adjacent_violators
 from opttree.loop.stats import StepStats
 from opttree.tree import DraftTree
@@ -147,7 +148,7 @@ def test_auto_keeps_its_choice_with_a_well_calibrated_draft():
 
 
 def test_a_layer_of_an_over_confident_draft_is_judged_on_calibrated_p():
-    from opttree.budget.latency import layer_pays
+    from opttree.budget.policy import layer_pays
     from opttree.tree.plan import LayerState
 
     probs = torch.tensor([0.95, 0.9])  # a chain: the next node's p̂ ≈ 0.85, the third of a 4-row verification

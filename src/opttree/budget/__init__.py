@@ -5,13 +5,15 @@ itself (:class:`~opttree.tree.plan.StepPlan`, :class:`~opttree.tree.plan.BudgetP
 policy) lives with the tree builders that read it, in :mod:`opttree.tree.plan`. This folder holds
 the measured policy:
 
-* :mod:`.latency`: the :class:`~.latency.LatencyModel` (T(n), c(w)), the pure decisions on it and
-  :class:`~.latency.AutoPolicy`;
+* :mod:`.calibration`: :func:`~.calibration.policy_maker`, the entry the generate() face calls: each
+  row's policy, fixed or ``"auto"``'s on the pair's latency model, :func:`~.calibration.calibrate`d
+  once: remembered by the process, else read from its file, else measured;
+* :mod:`.policy`: :class:`~.policy.AutoPolicy` and the pure decisions it makes each step;
+* :mod:`.latency`: the :class:`~.latency.LatencyModel` it plans with (T(n), c(w)), refreshed by every step;
 * :mod:`.reliability`: how far the draft's p̂ is to be trusted, learnt online;
-* :mod:`.timing`: timing the pair on this machine, as decoding runs it;
-* :mod:`.calibration`: those times kept per pair (in the process and on disk), and
-  :func:`~.calibration.policy_maker`, the entry the generate() face calls;
-* :mod:`.calibration_file`: what a cache file must hold before any of it is used.
+* :mod:`.calibration_file`: the calibrations on disk: where, read and written, and what a file must
+  hold before any of it is used;
+* :mod:`.timing`: measuring the pair on this machine, as decoding runs it.
 
 May import: :mod:`opttree.tree`, :mod:`opttree.hf`, and :mod:`opttree.drafters` (calibration times
 a drafter through its interface). Imported by :mod:`opttree.integration` (the policies) and by

@@ -1,4 +1,8 @@
-"""Calibration of the latency model (:class:`~opttree.budget.latency.LatencyModel`) and its on-disk cache.
+"""The step policies of a generate() call (:func:`policy_maker`, the entry the generate() face calls):
+fixed, or ``"auto"``'s :class:`~opttree.budget.policy.AutoPolicy` on the latency model
+(:class:`~opttree.budget.latency.LatencyModel`) of the (target, drafter) pair on this machine,
+:func:`calibrate`: remembered by the process, else read from its file
+(:mod:`opttree.budget.calibration_file`), else measured (:mod:`opttree.budget.timing`) and written.
 
 T(n) is timed on the target for a few n; the drafter is timed through its own protocol
 (``root_probs`` / ``expand`` over w nodes / ``commit``) on a scratch drafter made for the purpose,
@@ -17,11 +21,7 @@ measured again and rewritten.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
-import json
-import logging
-import os
 import threading
 from pathlib import Path
 from typing import Callable
@@ -29,16 +29,15 @@ from typing import Callable
 import torch
 
 from ..drafters.base import Drafter
+from ..hf.validation import context_length
 from ..kernels import linears
-from ..hf.width import carried_width
 from ..tree.config import TreeConfig
 from ..tree.plan import BudgetPolicy, FixedPolicy
-from .calibration_file import parse_document, parse_latency, read_keyed_file
-from .latency import AutoPolicy, LatencyModel, LatencyTable, complete_table
+from .calibration_file import cache_dir, cache_mode, key_digest, read_cached, write_cached
+from .latency import LatencyModel, as_calibrated
+from .policy import AutoPolicy
 from .timing import (BUDGET_FORWARDS, BUDGET_SECONDS, CALIBRATION_PREFIX, DRAFTER_REPEATS, DRAFT_WIDTHS, TIMING_ORDER,
-                     VERIFY_NODES, lower_envelope, measure_drafter, measure_verify_budgeted)
-
-logger = logging.getLogger(__name__)
+                     VERIFY_NODES, forward_kind, measure)
 
 MIN_CALIBRATION_PREFIX = 16  # a shorter context cannot be calibrated: "auto" is refused
 CALIBRATION_VERSION = 8  # bump when what is measured changes: old files are then ignored (8: a few sizes timed, warmed)
@@ -51,7 +50,7 @@ _measuring = threading.Lock()  # one calibration at a time: concurrent ones woul
 def known_latency(target, drafter=None, forward=None) -> LatencyModel | None:
     """This process's (refreshed) LatencyModel of the pair, if it was calibrated; else None."""
     prefix = calibration_prefix(target, drafter)
-    return None if prefix is None else _remembered(_digest(calibration_key(target, drafter, prefix, forward)))
+    return None if prefix is None else _remembered(key_digest(calibration_key(target, drafter, prefix, forward)))
 
 
 def _remembered(digest: str) -> LatencyModel | None:
@@ -96,11 +95,6 @@ def drafter_fingerprint(drafter, depth: int = 2) -> dict | None:
             "inner": inner, "settings": scalars}
 
 
-def forward_kind(forward) -> str:
-    """How the verification forward runs: "compiled" (generate()'s compiled callable) or "eager"."""
-    return "compiled" if forward is not None and forward.compiles else "eager"
-
-
 def calibration_key(target, drafter, prefix: int = CALIBRATION_PREFIX, forward=None) -> dict:
     """Everything a calibration depends on; its hash names the cache file (and says which
     verification forward it timed: ``"forward"``)."""
@@ -117,107 +111,6 @@ def calibration_key(target, drafter, prefix: int = CALIBRATION_PREFIX, forward=N
         "prefix": prefix,
         "forward": forward_kind(forward),
     }
-
-
-def _digest(key: dict) -> str:
-    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
-
-
-def cache_dir() -> Path:
-    """``$OPTTREE_CALIBRATION_DIR``, else ``$OPTTREE_CACHE/calibration`` (``~/.cache/opttree/calibration``)."""
-    if os.environ.get("OPTTREE_CALIBRATION_DIR"):
-        return Path(os.environ["OPTTREE_CALIBRATION_DIR"])
-    return Path(os.environ.get("OPTTREE_CACHE", Path.home() / ".cache" / "opttree")) / "calibration"
-
-
-def cache_mode() -> str:
-    """``OPTTREE_CALIBRATION``: "on" (default: read, else measure and write), "off" (always
-    measure, never touch the disk), "refresh" (measure and overwrite)."""
-    mode = os.environ.get("OPTTREE_CALIBRATION", "on").strip().lower() or "on"
-    if mode not in ("on", "off", "refresh"):
-        raise ValueError(f"OPTTREE_CALIBRATION must be 'on', 'off' or 'refresh', got {mode!r}")
-    return mode
-
-
-def to_json(latency: LatencyModel) -> dict:
-    """What a cache file holds: the verification times of the sizes measured (not the fitted ones),
-    the drafter's layer table and its catch-up time."""
-    layer = None if latency.layer is None else dataclasses.asdict(latency.layer)
-    return {"verify": dataclasses.asdict(latency.measured_verify()), "layer": layer,
-            "root_seconds": latency.root_seconds}
-
-
-def from_json(data: dict) -> LatencyModel:
-    """The LatencyModel of :func:`to_json`'s form, its unmeasured sizes fitted; ValueError when it
-    holds anything measuring would not write (see :mod:`opttree.budget.calibration_file`)."""
-    return with_fitted_sizes(parse_latency(data))
-
-
-def with_fitted_sizes(latency: LatencyModel) -> LatencyModel:
-    """``latency`` whose verification table holds every size of VERIFY_NODES: those measured as
-    they are, the others fitted (:func:`~opttree.budget.latency.complete_table`)."""
-    measured = latency.verify
-    latency.verify = complete_table(measured, VERIFY_NODES)
-    latency.verify_measured = frozenset(measured.sizes)
-    return latency
-
-
-def read_cached(key: dict, folder: Path) -> LatencyModel | None:
-    """The cached LatencyModel of ``key`` in ``folder``; None when there is none or it cannot be
-    used (named in a warning: the caller measures again and rewrites it)."""
-    latency = read_keyed_file(folder / f"{_digest(key)}.json", key, parse_document, "calibration cache", logger)
-    return None if latency is None else with_fitted_sizes(latency)
-
-
-def write_cached(key: dict, latency: LatencyModel, folder: Path) -> Path | None:
-    """Write ``latency`` as ``key``'s cache file in ``folder`` (through a temporary file, renamed:
-    a concurrent reader never sees half a file); None, with a warning, where that fails."""
-    path = folder / f"{_digest(key)}.json"
-    tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps({"key": key, "latency": to_json(latency)}, indent=1))
-        tmp.replace(path)
-        return path
-    except OSError as error:
-        _remove(tmp)
-        logger.warning("could not write the calibration cache %s: %s", path, error)
-        return None
-
-
-def _remove(path: Path) -> None:
-    """Delete ``path`` if it is there; a file that cannot be deleted is left."""
-    try:
-        path.unlink(missing_ok=True)
-    except OSError:
-        pass
-
-
-def measure(target, new_drafter: Callable[[], object] | None, prefix: int = CALIBRATION_PREFIX,
-            forward=None, hidden: bool = False) -> LatencyModel:
-    """A fresh LatencyModel: T(n) on the target, through ``forward`` (the verification forward decoding
-    runs; ``hidden``: it returns the hidden states); the drafter through a scratch one from
-    ``new_drafter()`` (without one, or if timing it fails, the draft cost is learnt from the steps)."""
-    from ..hf.validation import vocab_size
-
-    timed = measure_verify_budgeted(target, prefix=prefix, forward=forward, hidden=hidden)  # the rest fitted
-    latency = LatencyModel(verify=complete_table(timed, VERIFY_NODES), verify_measured=frozenset(timed.sizes))
-    if new_drafter is not None:
-        try:
-            root, layers = measure_drafter(new_drafter(), vocab_size(target), target.device, prefix=prefix,
-                                           hidden_size=carried_width(target.config))
-        except Exception as error:  # a drafter that cannot run on synthetic text: learn online instead
-            logger.warning("could not time the drafter (%s: %s); learning its cost from the steps",
-                           type(error).__name__, error)
-        else:
-            latency.layer = LatencyTable(DRAFT_WIDTHS, lower_envelope(layers))
-            latency.root_seconds = root
-    logger.info("calibration at %d tokens (%s): %s (the other sizes fitted); draft layer %s", prefix,
-                forward_kind(forward),
-                ", ".join(f"T({n})={t * 1e3:.1f}ms" for n, t in zip(timed.sizes, timed.seconds)),
-                "unmeasured" if latency.layer is None else
-                ", ".join(f"c({w})={t * 1e3:.1f}ms" for w, t in zip(latency.layer.sizes, latency.layer.seconds)))
-    return latency
 
 
 def calibrate(target, drafter=None, new_drafter: Callable[[], object] | None = None, *,
@@ -238,7 +131,7 @@ def calibrate(target, drafter=None, new_drafter: Callable[[], object] | None = N
         raise ValueError(f"nodes/threshold='auto' needs a context of at least {MIN_CALIBRATION_PREFIX + _ROOM} "
                          f"tokens to calibrate")
     key = calibration_key(target, drafter, prefix, forward)
-    digest = _digest(key)
+    digest = key_digest(key)
     known = None if mode == "refresh" else _remembered(digest)
     if known is not None:
         return known
@@ -254,7 +147,7 @@ def calibrate(target, drafter=None, new_drafter: Callable[[], object] | None = N
                 latency = measure(target, new_drafter, prefix, forward, hidden=drafter.wants_hidden_states)
             if mode != "off":
                 write_cached(key, latency, folder)
-        latency.calibrated = json.loads(json.dumps(to_json(latency)))  # as a file holds it: sampled calls plan from it
+        latency.calibrated = as_calibrated(latency)  # as measured or read: sampled calls plan from it
         with _pairs_lock:
             _PAIRS[digest] = latency
         return latency
@@ -266,10 +159,14 @@ _ROOM = max(max(VERIFY_NODES), max(DRAFT_WIDTHS)) + (DRAFTER_REPEATS + 1) * len(
 def calibration_prefix(target, drafter=None) -> int | None:
     """The cached tokens under the timed forwards: CALIBRATION_PREFIX, less where the target's or
     the drafter's context is shorter; None where even MIN_CALIBRATION_PREFIX does not fit."""
-    from ..hf.validation import context_length
-
     limits = [x for x in (context_length(target), None if drafter is None else drafter.context_length) if x]
-    prefix = min([CALIBRATION_PREFIX] + [limit - _ROOM for limit in limits])
+    return prefix_within(min(limits, default=None))
+
+
+def prefix_within(context: int | None) -> int | None:
+    """The cached tokens under the timed forwards in a context of ``context`` tokens (None: unbounded):
+    CALIBRATION_PREFIX, less where the context is shorter; None where even MIN_CALIBRATION_PREFIX does not fit."""
+    prefix = CALIBRATION_PREFIX if context is None else min(CALIBRATION_PREFIX, context - _ROOM)
     return prefix if prefix >= MIN_CALIBRATION_PREFIX else None
 
 
@@ -277,10 +174,11 @@ def policy_maker(config: TreeConfig, target, drafter=None, new_drafter: Callable
                  forward=None, *, sampling: bool = False) -> Callable[[], BudgetPolicy]:
     """Makes the step policy of each batch row for ``config``: :class:`FixedPolicy`, or for
     ``nodes``/``threshold="auto"`` an :class:`AutoPolicy` on the latency model of ``target`` and
-    the drafter (see :func:`calibrate`: measured once, through ``forward``, shared by every row and
-    later call, and refreshed by their timings). ``sampling``: the call samples, so its trees must not
-    depend on the clock nor on earlier calls (DESIGN.md, *Seeded sampling repeats*): its rows share
-    one copy of the calibration as measured (:func:`as_calibrated`) and plan untimed."""
+    the drafter (see :func:`calibrate`: measured once, through ``forward``,
+    shared by every row and later call, and refreshed by their timings). ``sampling``: the call samples,
+    so its trees must not depend on the clock nor on earlier calls (DESIGN.md, *Seeded sampling repeats*):
+    its rows share one copy of the calibration as measured
+    (:func:`~opttree.budget.latency.as_calibrated`) and plan untimed."""
     if config.nodes != "auto" and config.threshold != "auto":
         return lambda: FixedPolicy(config)
     latency = calibrate(target, drafter, new_drafter, forward=forward)
@@ -290,17 +188,11 @@ def policy_maker(config: TreeConfig, target, drafter=None, new_drafter: Callable
     return lambda: AutoPolicy(config, latency)
 
 
-def as_calibrated(latency: LatencyModel) -> LatencyModel:
-    """A new model of the pair as its calibration measured it, whatever steps have refreshed since."""
-    return from_json(latency.calibrated if latency.calibrated is not None else json.loads(json.dumps(to_json(latency))))
-
-
 def make_policy(config: TreeConfig, target, drafter=None, new_drafter: Callable[[], object] | None = None) -> BudgetPolicy:
     """One step policy for ``config`` (see :func:`policy_maker`)."""
     return policy_maker(config, target, drafter, new_drafter)()
 
 
-__all__ = ["CALIBRATION_VERSION", "MIN_CALIBRATION_PREFIX", "as_calibrated", "cache_dir", "cache_mode", "calibrate", "calibration_key",
-           "calibration_prefix", "clear_calibrations", "drafter_fingerprint", "forward_kind", "from_json",
-           "known_latency", "make_policy", "measure", "model_fingerprint", "policy_maker", "read_cached", "to_json",
-           "with_fitted_sizes", "write_cached"]
+__all__ = ["CALIBRATION_VERSION", "MIN_CALIBRATION_PREFIX", "calibrate", "calibration_key",
+           "calibration_prefix", "clear_calibrations", "drafter_fingerprint", "known_latency", "make_policy", "model_fingerprint",
+           "policy_maker", "prefix_within"]

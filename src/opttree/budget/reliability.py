@@ -1,7 +1,7 @@
 """How far to trust the draft's p̂: an online reliability map (``nodes="auto"``).
 
 p̂ (``DraftTree.path_probs``) is the draft's own probability that the path root → node is
-accepted. ``"auto"`` sums it (E_m, :mod:`opttree.budget.latency`) to judge how many tokens a tree of m
+accepted. ``"auto"`` sums it (E_m, :mod:`opttree.budget.policy`) to judge how many tokens a tree of m
 nodes is worth, but drafts are rarely calibrated: a small draft is typically over-confident (most
 of all at depth 1), and E_m then pays for nodes the target rejects. A :class:`ReliabilityMap`
 learns, from every verified tree, how often nodes of a given p̂ were really accepted (on the

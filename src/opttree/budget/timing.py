@@ -1,11 +1,14 @@
-"""Timing the pair on this machine, as decoding runs it: the target's verification forward over a
-few tree sizes (:func:`measure_verify_budgeted`, within a budget; :func:`measure_verify`, every size,
-for the benchmarks) and a drafter through its own protocol (:func:`measure_drafter`). What the
-times mean and where they are kept: :mod:`opttree.budget.calibration`."""
+"""Timing the pair on this machine, as decoding runs it: :func:`measure`, a fresh
+:class:`~opttree.budget.latency.LatencyModel` from the target's verification forward over a few tree
+sizes (:func:`measure_verify_budgeted`, within a budget; :func:`measure_verify`, every size, for the
+benchmarks) and a drafter timed through its own protocol (:func:`measure_drafter`). Where the model
+is kept: :mod:`opttree.budget.calibration`."""
 
 from __future__ import annotations
 
+import logging
 import time
+from typing import Callable
 
 import torch
 from transformers import StaticCache
@@ -13,11 +16,15 @@ from transformers import StaticCache
 from ..hf import kv_cache
 from ..hf.compat import with_cache
 from ..hf.compiled import MIN_SLOTS, target_forward
+from ..hf.validation import vocab_size
+from ..hf.width import carried_width
 from ..tree.draft_tree import DraftTree
 from ..tree.layout import MaskLayout
 from ..tree.masks import ForwardInputs, verification_inputs
 from ..tree.sizes import VERIFY_SIZES, padded_size
-from .latency import AUTO_MAX_NODES, LatencyTable
+from .latency import AUTO_MAX_NODES, LatencyModel, LatencyTable, complete_table
+
+logger = logging.getLogger(__name__)
 
 # tree sizes timed at calibration, in nodes: the node counts that fill each verification size (rows,
 # tree.sizes.VERIFY_SIZES: the root and n nodes), up to AUTO_MAX_NODES; T is a step between them
@@ -32,6 +39,43 @@ TIMING_ORDER = (0, 15, 63, 3, 31, 7, 1)
 BUDGET_FORWARDS = 6.0  # the verification timing's budget, in forwards of one row (warm-ups included) ...
 BUDGET_SECONDS = 0.5  # ... or this many seconds, whichever is more (a GPU times every size in well under it)
 DRAFTER_REPEATS = 3  # timed rounds of the drafter's protocol
+
+
+def measure(target, new_drafter: Callable[[], object] | None, prefix: int = CALIBRATION_PREFIX,
+            forward=None, hidden: bool = False) -> LatencyModel:
+    """A fresh LatencyModel: T(n) on the target, through ``forward`` (the verification forward decoding
+    runs; ``hidden``: it returns the hidden states), the sizes not timed fitted; the drafter through a
+    scratch one from ``new_drafter()`` (without one, or if timing it fails, the draft cost is learnt
+    from the steps)."""
+    timed = measure_verify_budgeted(target, prefix=prefix, forward=forward, hidden=hidden)
+    drafted = None if new_drafter is None else time_drafter(new_drafter, target, prefix)
+    latency = LatencyModel(verify=complete_table(timed, VERIFY_NODES), verify_measured=frozenset(timed.sizes))
+    if drafted is not None:
+        latency.root_seconds, latency.layer = drafted
+    logger.info("calibration at %d tokens (%s): %s (the other sizes fitted); draft layer %s", prefix,
+                forward_kind(forward),
+                ", ".join(f"T({n})={t * 1e3:.1f}ms" for n, t in zip(timed.sizes, timed.seconds)),
+                "unmeasured" if latency.layer is None else
+                ", ".join(f"c({w})={t * 1e3:.1f}ms" for w, t in zip(latency.layer.sizes, latency.layer.seconds)))
+    return latency
+
+
+def time_drafter(new_drafter: Callable[[], object], target, prefix: int) -> tuple[float, LatencyTable] | None:
+    """(the catch-up's seconds, c(w) per layer width) of a scratch drafter from ``new_drafter()``, fed as
+    it would be beside ``target``; None, with a warning, where it cannot run on synthetic text."""
+    try:
+        root, layers = measure_drafter(new_drafter(), vocab_size(target), target.device, prefix=prefix,
+                                       hidden_size=carried_width(target.config))
+    except Exception as error:  # a drafter that cannot run on synthetic text: learn online instead
+        logger.warning("could not time the drafter (%s: %s); learning its cost from the steps",
+                       type(error).__name__, error)
+        return None
+    return root, LatencyTable(DRAFT_WIDTHS, lower_envelope(layers))
+
+
+def forward_kind(forward) -> str:
+    """How the verification forward runs: "compiled" (generate()'s compiled callable) or "eager"."""
+    return "compiled" if forward is not None and forward.compiles else "eager"
 
 
 def _sync(device) -> None:
@@ -206,5 +250,6 @@ def lower_envelope(times) -> tuple[float, ...]:
 
 
 __all__ = ["BUDGET_FORWARDS", "BUDGET_SECONDS", "CALIBRATION_PREFIX", "DRAFTER_REPEATS", "DRAFT_WIDTHS", "REPEATS",
-           "TIMING_ORDER", "VERIFY_NODES", "VerifyRig", "lower_envelope", "measure_drafter", "measure_verify",
+           "TIMING_ORDER", "VERIFY_NODES", "VerifyRig", "forward_kind", "lower_envelope", "measure", "measure_drafter",
+           "measure_verify", "time_drafter",
            "measure_verify_budgeted", "warm_then_time"]

@@ -18,7 +18,7 @@ import torch
 from transformers import CompileConfig, StaticCache
 
 from ..budget import calibration
-from ..budget.latency import largest_tree
+from ..budget.policy import largest_tree
 from ..drafters import make_drafter
 from ..drafters.base import DrafterRows
 from ..hf import kv_cache
@@ -101,7 +101,7 @@ def prepare(model, call: GenerateCall, options: Options) -> DecodeCall:
     check_inputs(input_ids, attention_mask, max_context)
     if attention_mask is not None:
         Padding.of(attention_mask)  # a masked last prompt token is refused now, not at the first step
-    config = resolve(options.tree, can_calibrate=calibration.calibration_prefix(model, drafter) is not None)
+    config = resolve(options.tree, can_calibrate=calibration.prefix_within(max_context) is not None)
     max_length = call.stopping_criteria.max_length or config_in.max_length
     need = CacheNeed(room=cache_room(input_ids, max_length, max_context, config, largest_tree(config)),
                      plain=max_length - 1, rows=rows, implementation=config_in.cache_implementation,

@@ -13,7 +13,7 @@ on a Xeon with AMX and on GPUs, and several times SLOWER on an AVX2-only EPYC (b
   ran at least MIN_SPEEDUP times faster (:func:`choose_dtype`: within noise, float32).
 
 A measured choice is kept as JSON next to the latency calibrations
-(:func:`opttree.budget.calibration.cache_dir`, file ``draft-dtype-<hash>.json``) with its timings,
+(:func:`opttree.budget.calibration_file.cache_dir`, file ``draft-dtype-<hash>.json``) with its timings,
 keyed by what it depends on: the draft folder (its metadata and config files' hashes, its weights
 file's size and mtime), the device type, the CPU's model name, torch's thread count and version,
 and the few-row linears' kernel mode (``OPTTREE_LINEAR``). ``OPTTREE_CALIBRATION=off`` neither reads
@@ -35,8 +35,7 @@ from pathlib import Path
 
 import torch
 
-from ..budget.calibration import cache_dir, cache_mode
-from ..budget.calibration_file import parse_seconds, read_keyed_file
+from ..budget.calibration_file import cache_dir, cache_mode, parse_seconds, read_keyed_file
 from ..kernels import linears
 from . import dtype_probe
 from .dtype_probe import cast_copy, model_dtype

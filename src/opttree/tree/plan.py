@@ -5,7 +5,7 @@ The decoding loop asks a :class:`BudgetPolicy` for each step's :class:`StepPlan`
 the step cost (:meth:`BudgetPolicy.observe` with the step's :class:`~opttree.loop.stats.StepStats`).
 Builders read the plan and, after each layer, hand :attr:`StepPlan.grow` a :class:`LayerState`.
 :class:`FixedPolicy` is ``nodes=<int>, threshold=<float>``: OPT-Tree as published. The measured
-policy for ``"auto"`` is :class:`opttree.budget.latency.AutoPolicy`.
+policy for ``"auto"`` is :class:`opttree.budget.policy.AutoPolicy`.
 
 This module imports nothing heavy (torch only for type hints), so any builder may import it.
 """

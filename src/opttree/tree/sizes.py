@@ -6,7 +6,7 @@ size does anyway on the machines measured (benchmarks/RESULTS.md, "Flat verifica
 Dummy rows carry the root's token at the root's position, see at most the prefix, the tree and
 themselves, and no real row sees them; their outputs are never read and their cache slots are dropped
 with the step's other rejected slots (:mod:`opttree.tree.masks`). The budget prices a tree at its
-padded size (:mod:`opttree.budget.calibration` times each size once), so ``nodes="auto"`` fills sizes.
+padded size (:mod:`opttree.budget.timing` times each size once), so ``nodes="auto"`` fills sizes.
 """
 
 from __future__ import annotations
