@@ -3,10 +3,11 @@
 * :mod:`.generation`: ``speculative_decode``, its steps numbered: 0 prefill, then 1 draft, 2 verify,
   3 walk, 4 caches, 5 commit, 6 finished rows leave;
 * :mod:`.settings`: ``DecodeSettings``, what one decode runs with;
-* :mod:`.drafting`: step 1, every row's tree; :mod:`.walking`: step 3, each row's walk;
-* :mod:`.rows`: each row's tokens, cache slots, step 5 (commit, stopping, figures) and generate()'s outputs;
+* :mod:`.drafting`: step 1, every row's tree, its drafter calls timed per row; :mod:`.walking`: step 3,
+  each row's walk;
+* :mod:`.rows`: each row's tokens, cache slots and step 5 (commit, stopping, figures);
+* :mod:`.outputs`: generate()'s outputs for the rows of a finished decode;
 * :mod:`.lockstep`: the rows' tree builders side by side, one drafter call per round;
-* :mod:`.clock`: the drafter's calls timed per row;
 * :mod:`.stopping`: where generate()'s stopping criteria stop inside a step's tokens;
 * :mod:`.batch_context`: generate()'s logits processors on one row of a batch, at its batch index;
 * :mod:`.model_inputs`: ``inputs_embeds`` and ``token_type_ids`` for each forward's stretch of tokens;

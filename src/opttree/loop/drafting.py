@@ -1,5 +1,5 @@
 """The loop's step 1: every row's tree, drafted in lockstep (one drafter call per layer for all rows
-still growing), and what drafting it cost."""
+still growing), and what drafting it cost: the drafter's calls timed per row (:class:`DraftClock`)."""
 
 from __future__ import annotations
 
@@ -9,15 +9,15 @@ from dataclasses import dataclass
 import torch
 
 from ..drafters.base import DrafterRows
-from ..tree.builder import BuiltTree, Growth
+from ..tree.builder import BuiltTree
 from ..tree.draft_tree import DraftTree
 from ..tree.plan import StepPlan
-from ..tree.strategies import grow_tree
+from ..tree.strategies import grow_tree, no_tree
 from ..verify.acceptance import Acceptance
-from .clock import DraftClock
 from .lockstep import run_in_lockstep
 from .rows import Row, StepOutcome
 from .settings import DecodeSettings
+from .stats import LayerTiming
 
 
 @dataclass
@@ -45,32 +45,64 @@ def draft_rows(rows: list[Row], drafters: DrafterRows, settings: DecodeSettings,
     plans = [row.policy.plan() for row in rows]  # each row's nodes, threshold, layer width
     clock = DraftClock(drafters, len(rows), sync=sync)
     builts = draft_trees(clock, rows, caps, plans, settings)
-    drafted = builts is not None
-    builts = builts or [empty_tree(row.sequence.device) for row in rows]
     trees = [built.tree.to(row.sequence.device) for built, row in zip(builts, rows)]
+    drafted = any(cap >= 1 for cap in caps)
     return Drafted(builts, trees, drafted, clock, drafters.forwards - forwards, time.perf_counter() - start)
 
 
-def empty_tree(device: torch.device) -> BuiltTree:
-    return BuiltTree(DraftTree.empty(device), torch.empty(0, dtype=torch.long), depth_bound=0, expected_length=0.0)
-
-
-def no_tree(device: torch.device) -> Growth:
-    """The builder of a row with no room left to draft: the empty tree, without asking the drafter."""
-    yield from ()
-    return empty_tree(device)
-
-
 def draft_trees(clock: DraftClock, rows: list[Row], caps: list[int], plans: list[StepPlan],
-                settings: DecodeSettings) -> list[BuiltTree] | None:
-    """Every row's tree (not deeper than its cap): one catch-up call, then one drafter call per
-    layer for all rows still growing (their builders run in lockstep). None: no row may draft."""
-    if all(cap < 1 for cap in caps):
-        return None
-    root_probs = clock.root_probs([row.tokens for row in rows])
+                settings: DecodeSettings) -> list[BuiltTree]:
+    """Every row's tree (not deeper than its cap; none where it is below 1): one catch-up call where
+    some row may draft, then one drafter call per layer for all rows still growing (their builders
+    run in lockstep)."""
+    root_probs = clock.root_probs([row.tokens for row in rows]) if any(cap >= 1 for cap in caps) else None
     builders = [grow_tree(root_probs[b], settings.config, caps[b], generator=settings.generator, plan=plans[b])
                 if caps[b] >= 1 else no_tree(rows[b].sequence.device) for b in range(len(rows))]
     return run_in_lockstep(builders, clock.expand)
 
 
-__all__ = ["Drafted", "draft_rows", "draft_trees", "empty_tree", "no_tree"]
+def _sync(out) -> None:
+    """Wait for the device before reading the clock (CUDA runs asynchronously)."""
+    if isinstance(out, torch.Tensor) and out.is_cuda:
+        torch.cuda.synchronize(out.device)
+
+
+class DraftClock:
+    """Wraps a :class:`DrafterRows`' ``root_probs`` and ``expand`` for one step and records their
+    times per row. A call that serves several rows (one shared draft forward) counts for each of
+    them as an equal share of its time.
+
+    sync: wait for the device after each call, so the times are the device's (what ``"auto"``
+    budgets learn from). Off, a CUDA drafter's calls are only launched when the clock reads, and
+    the step is never stalled to time it."""
+
+    def __init__(self, drafters: DrafterRows, rows: int, sync: bool = True):
+        self.drafters = drafters
+        self.sync = sync
+        self.root_seconds = [0.0] * rows
+        self.layers: list[list[LayerTiming]] = [[] for _ in range(rows)]
+
+    def root_probs(self, sequences: list[torch.Tensor]) -> list[torch.Tensor]:
+        """sequences: each row's [T_b] long -> each row's [vocab], as ``DrafterRows.root_probs``."""
+        start = time.perf_counter()
+        out = self.drafters.root_probs(sequences)
+        if self.sync:
+            _sync(out[0])
+        share = (time.perf_counter() - start) / len(sequences)
+        self.root_seconds = [s + share for s in self.root_seconds]
+        return out
+
+    def expand(self, requests: list) -> list:
+        """requests: per row ``(pool, frontier)`` or None -> per row a DraftProbs or None."""
+        start = time.perf_counter()
+        out = self.drafters.expand(requests)
+        if self.sync:
+            _sync(next(o for o in out if o is not None).values)
+        active = [b for b, r in enumerate(requests) if r is not None]
+        share = (time.perf_counter() - start) / len(active)
+        for b in active:
+            self.layers[b].append(LayerTiming(width=len(requests[b][1]), seconds=share))
+        return out
+
+
+__all__ = ["DraftClock", "Drafted", "draft_rows", "draft_trees"]

@@ -35,7 +35,8 @@ from ..verify.acceptance import Acceptance
 from .batch_context import processing
 from .drafting import Drafted, draft_rows
 from .model_inputs import ModelInputs
-from .rows import Padding, Row, Slots, StepOutcome, combined_stats, commit_step, new_rows, output_sequences, per_token
+from .outputs import combined_stats, output_sequences, per_token
+from .rows import Padding, Row, Slots, StepOutcome, commit_step, new_rows
 from .settings import DecodeSettings
 from .stats import GenerationStats, StepStats
 from .stopping import StopRule
@@ -206,11 +207,6 @@ def kept_rows(acceptance: Acceptance) -> torch.Tensor | list[int]:
     if acceptance.device_rows is None:
         return [0] + [1 + i for i in acceptance.nodes]
     return acceptance.device_rows
-
-
-def row_hidden(hidden_states: tuple, b: int) -> list[torch.Tensor]:
-    """Row b of every hidden state: each [1, q, H]."""
-    return [h[b:b + 1] for h in hidden_states]
 
 
 def row_hidden(hidden_states: tuple, b: int) -> list[torch.Tensor]:

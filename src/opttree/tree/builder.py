@@ -67,6 +67,11 @@ class BuiltTree:
         if self.layers and not self.draft_probs:
             self.draft_probs = LazyDraftProbs(self)
 
+    @classmethod
+    def empty(cls, device=None) -> "BuiltTree":
+        """No node: the root is verified alone."""
+        return cls(DraftTree.empty(device), torch.empty(0, dtype=torch.long), depth_bound=0, expected_length=0.0)
+
 
 @dataclass
 class ExpandedLayer:

@@ -308,4 +308,10 @@ def grow_tree(root_probs: torch.Tensor, config: TreeConfig, max_depth: int | Non
     return built
 
 
+def no_tree(device: torch.device) -> Growth:
+    """The builder of a row with no room left to draft: the empty tree, without asking the drafter."""
+    yield from ()
+    return BuiltTree.empty(device)
+
+
 build_tree = callable_form(grow_tree)
