@@ -84,11 +84,6 @@ def new_cache(model, rows: int = 1) -> DynamicCache:
     return cache
 
 
-def generate_cache(model) -> DynamicCache:
-    """The cache generate() makes by default (its layers as the config asks; a call opens it for trees)."""
-    return DynamicCache(config=model.config)
-
-
 def window_offsets(cache) -> dict[int, int]:
     """{window: slots dropped before the ones held} of the cache's :class:`WindowLayer` layers (layers of one
     window are trimmed alike); {} where there is none."""

@@ -15,13 +15,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from transformers import CompileConfig, StaticCache
+from transformers import CompileConfig, DynamicCache, StaticCache
 
 from ..budget import calibration
 from ..budget.policy import largest_tree
 from ..drafters import make_drafter
 from ..drafters.base import DrafterRows
-from ..hf import kv_cache
 from ..hf.compat import GENERATE_CACHE_NAME, cache_from_generate
 from ..hf.compiled import VerifyForward, cache_slots, compiles_on_static
 from ..hf.tree_cache import CacheNeed, TreeCache, check_cache, open_cache
@@ -107,7 +106,7 @@ def prepare(model, call: GenerateCall, options: Options) -> DecodeCall:
                      plain=max_length - 1, rows=rows, implementation=config_in.cache_implementation,
                      depth=config.max_depth)
     cache = cache_from_generate(kwargs)
-    cache = kv_cache.generate_cache(model) if cache is None else cache  # none: use_cache=False
+    cache = DynamicCache(config=model.config) if cache is None else cache  # none (use_cache=False): generate()'s default
     if static_by_default(model, config_in, options, rows):  # the compiled path where generate() would compile
         cache = StaticCache(config=model.config, max_cache_len=cache_slots(need.room))
         kwargs = {**kwargs, GENERATE_CACHE_NAME: cache}
