@@ -4,7 +4,9 @@
   :func:`speculative`, :class:`SpeculativeGenerator`, and :func:`hub_generate` for the Hub's
   ``custom_generate/`` folder). Each runs generate()'s own preparation, then one decode of the loop.
 * :mod:`.prepare`: one call made ready to decode: every check before any forward, then the
-  calibration and the cache opened; one value, ``DecodeCall``, that ``entry.decode`` runs.
+  calibration and the cache opened; one value, ``DecodeCall``, that ``entry.decode`` runs;
+  :mod:`.target_cache`: the target's cache for the call (generate()'s, or a static one so that the
+  verification compiles) and the slots the call needs.
 * :mod:`.defaults`: what generate() does with the tree arguments left out (``"auto"`` where it can).
 * :mod:`.contract`: every argument plain generate() takes, read from transformers, honoured, refused by
   name, or documented as not applying, and the arguments opttree adds; :mod:`.arguments` enforces the

@@ -15,26 +15,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from transformers import CompileConfig, DynamicCache, StaticCache
+from transformers import CompileConfig
 
 from ..budget import calibration
-from ..budget.policy import largest_tree
 from ..drafters import make_drafter
 from ..drafters.base import DrafterRows
-from ..hf.compat import GENERATE_CACHE_NAME, cache_from_generate
-from ..hf.compiled import VerifyForward, cache_slots, compiles_on_static
-from ..hf.tree_cache import CacheNeed, TreeCache, check_cache, open_cache
+from ..hf.compiled import VerifyForward
+from ..hf.tree_cache import TreeCache, check_cache, open_cache
 from ..hf.validation import check_generation_mode, check_inputs, check_weights, context_length
 from ..loading import prepare_draft
 from ..loop.settings import DecodeSettings
 from ..loop.model_inputs import ModelInputs
 from ..loop.rows import Padding
-from ..tree.config import TreeConfig
 from ..tree.layout import MaskLayout
-from ..tree.sizes import padded_size
 from ..verify.sampling import draft_to_probs
 from .arguments import check_call
 from .defaults import TreeArguments, resolve
+from .target_cache import cache_need, target_cache
 
 
 @dataclass(frozen=True)
@@ -102,14 +99,8 @@ def prepare(model, call: GenerateCall, options: Options) -> DecodeCall:
         Padding.of(attention_mask)  # a masked last prompt token is refused now, not at the first step
     config = resolve(options.tree, can_calibrate=calibration.prefix_within(max_context) is not None)
     max_length = call.stopping_criteria.max_length or config_in.max_length
-    need = CacheNeed(room=cache_room(input_ids, max_length, max_context, config, largest_tree(config)),
-                     plain=max_length - 1, rows=rows, implementation=config_in.cache_implementation,
-                     depth=config.max_depth)
-    cache = cache_from_generate(kwargs)
-    cache = DynamicCache(config=model.config) if cache is None else cache  # none (use_cache=False): generate()'s default
-    if static_by_default(model, config_in, options, rows):  # the compiled path where generate() would compile
-        cache = StaticCache(config=model.config, max_cache_len=cache_slots(need.room))
-        kwargs = {**kwargs, GENERATE_CACHE_NAME: cache}
+    need = cache_need(input_ids, max_length, max_context, config, config_in)
+    cache, kwargs = target_cache(model, kwargs, config_in, need, options.cache_given)
     verify = VerifyForward.of(model, kwargs, config_in)  # compiled where generate() would compile
     if verify.compiles:  # the draft's forwards too, where it can (a feature head: fixed shapes)
         drafter = drafter.compiled(config_in.compile_config or CompileConfig(), need.room)
@@ -121,7 +112,9 @@ def prepare(model, call: GenerateCall, options: Options) -> DecodeCall:
     policy = calibration.policy_maker(config, model, drafter, drafter.fresh, forward=verify,  # timed as it runs
                                       sampling=sampling)
     opened = open_cache(cache, need)
-    settings = decode_settings(call, options, config, max_length, max_context, policy, verify)
+    settings = DecodeSettings.of(config, config_in, call.logits_processor, call.stopping_criteria,
+                                 max_length=max_length, context_length=max_context, streamer=options.streamer,
+                                 generator=options.generator, new_policy=policy, verify_forward=verify)
     # few-row CPU linears' kernels (kernels.linears); a compiled target's linears are the compiler's
     kernels = [m for m in [model, *drafter.modules()] if not (verify.compiles and m is model)]
     return DecodeCall(model, drafters, input_ids, attention_mask, opened, settings, ModelInputs.of(kwargs), kernels,
@@ -129,46 +122,4 @@ def prepare(model, call: GenerateCall, options: Options) -> DecodeCall:
                       stream_prompt=options.streamer is not None and not options.prompt_streamed)
 
 
-def decode_settings(call: GenerateCall, options: Options, config: TreeConfig, max_length: int,
-                    max_context: int | None, new_policy, verify: VerifyForward) -> DecodeSettings:
-    """What the decode runs with: generate()'s preparation, opttree's arguments and what :func:`prepare`
-    resolved (the tree, the lengths, the budget policies, the verification forward)."""
-    generation_config, pad = call.generation_config, call.generation_config._pad_token_tensor
-    return DecodeSettings(
-        config, call.logits_processor, call.stopping_criteria,
-        max_length=max_length,
-        context_length=max_context or (1 << 62),
-        pad_token_id=None if pad is None else int(pad),
-        pad_finished=any(hasattr(c, "eos_token_id") for c in call.stopping_criteria),  # generate()'s own test
-        do_sample=bool(generation_config.do_sample),
-        streamer=options.streamer,
-        generator=options.generator,
-        output_scores=bool(generation_config.output_scores),
-        output_logits=bool(generation_config.output_logits),
-        new_policy=new_policy,
-        verify_forward=verify,
-    )
-
-
-def static_by_default(model, generation_config, options: Options, rows: int) -> bool:
-    """Whether this call decodes on a static cache opttree makes, so that its verification compiles:
-    the user named no cache (no ``cache_implementation=``, no cache object), one prompt, a model whose
-    layers all attend fully, and generate() would compile plain decoding with a static cache
-    (:func:`opttree.hf.compiled.compiles_on_static`: a GPU, or ``compile_config`` with
-    ``_compile_all_devices``; not ``disable_compile=True``)."""
-    if options.cache_given or generation_config.cache_implementation is not None or rows != 1:
-        return False
-    return not MaskLayout.of(model.config).windowed and compiles_on_static(model, generation_config)
-
-
-def cache_room(input_ids: torch.Tensor, max_length: int, max_context: int | None, config: TreeConfig,
-               max_nodes: int) -> int:
-    """The most slots a cache may reach: the longest sequence plus one step's tree padded to its
-    verification size; a batch also leaves holes (each step adds 1 + the most tokens any row accepted)."""
-    if input_ids.shape[0] == 1:
-        return min(max_length, max_context or max_length) + padded_size(max_nodes + 1)
-    steps = max(max_length - input_ids.shape[1], 1)
-    return input_ids.shape[1] + steps * (1 + min(max_nodes, config.max_depth)) + padded_size(max_nodes + 1)
-
-
-__all__ = ["DecodeCall", "GenerateCall", "Options", "cache_room", "decode_settings", "prepare", "static_by_default"]
+__all__ = ["DecodeCall", "GenerateCall", "Options", "prepare"]

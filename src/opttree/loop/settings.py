@@ -35,5 +35,29 @@ class DecodeSettings:
     new_policy: Callable[[], BudgetPolicy] | None = None  # makes each row's budget policy; None: config's fixed one
     verify_forward: VerifyForward | None = None  # the verification forward (hf.compiled); None: the target, eager
 
+    @classmethod
+    def of(cls, config: TreeConfig, generation_config, logits_processor, stopping_criteria, *, max_length: int,
+           context_length: int | None, streamer=None, generator: torch.Generator | None = None,
+           new_policy: Callable[[], BudgetPolicy] | None = None,
+           verify_forward: VerifyForward | None = None) -> "DecodeSettings":
+        """The settings of one generate() call: its generation config, logits processors and stopping
+        criteria as generate() prepared them, and what the call resolved (the tree, the lengths, the
+        budget policies, the verification forward). ``context_length`` None: unbounded."""
+        pad = generation_config._pad_token_tensor
+        return cls(
+            config, logits_processor, stopping_criteria,
+            max_length=max_length,
+            context_length=context_length or (1 << 62),
+            pad_token_id=None if pad is None else int(pad),
+            pad_finished=any(hasattr(c, "eos_token_id") for c in stopping_criteria),  # generate()'s own test
+            do_sample=bool(generation_config.do_sample),
+            streamer=streamer,
+            generator=generator,
+            output_scores=bool(generation_config.output_scores),
+            output_logits=bool(generation_config.output_logits),
+            new_policy=new_policy,
+            verify_forward=verify_forward,
+        )
+
 
 __all__ = ["DecodeSettings"]
