@@ -34,8 +34,8 @@ from ..kernels import linears
 from ..tree.config import TreeConfig
 from ..tree.plan import BudgetPolicy, FixedPolicy
 from .calibration_file import cache_dir, cache_mode, key_digest, read_cached, write_cached
-from .latency import LatencyModel, as_calibrated
-from .policy import AutoPolicy
+from .latency import LatencyModel
+from .policy import AutoPolicy, as_calibrated
 from .timing import (BUDGET_FORWARDS, BUDGET_SECONDS, CALIBRATION_PREFIX, DRAFTER_REPEATS, DRAFT_WIDTHS, TIMING_ORDER,
                      VERIFY_NODES, forward_kind, measure)
 
@@ -49,8 +49,8 @@ _measuring = threading.Lock()  # one calibration at a time: concurrent ones woul
 
 def known_latency(target, drafter=None, forward=None) -> LatencyModel | None:
     """This process's (refreshed) LatencyModel of the pair, if it was calibrated; else None."""
-    prefix = calibration_prefix(target, drafter)
-    return None if prefix is None else _remembered(key_digest(calibration_key(target, drafter, prefix, forward)))
+    key = calibration_key(target, drafter, forward=forward)
+    return None if key["prefix"] is None else _remembered(key_digest(key))
 
 
 def _remembered(digest: str) -> LatencyModel | None:
@@ -95,9 +95,10 @@ def drafter_fingerprint(drafter, depth: int = 2) -> dict | None:
             "inner": inner, "settings": scalars}
 
 
-def calibration_key(target, drafter, prefix: int = CALIBRATION_PREFIX, forward=None) -> dict:
+def calibration_key(target, drafter, prefix: int | None = None, forward=None) -> dict:
     """Everything a calibration depends on; its hash names the cache file (and says which
-    verification forward it timed: ``"forward"``)."""
+    verification forward it timed: ``"forward"``). ``prefix``: the tokens under the timed forwards
+    (default :func:`calibration_prefix`; None there: the pair's contexts are too short)."""
     return {
         "version": CALIBRATION_VERSION,
         "target": model_fingerprint(target),
@@ -108,7 +109,7 @@ def calibration_key(target, drafter, prefix: int = CALIBRATION_PREFIX, forward=N
         "verify_nodes": list(VERIFY_NODES),
         "timing": {"order": list(TIMING_ORDER), "forwards": BUDGET_FORWARDS, "seconds": BUDGET_SECONDS},
         "draft_widths": list(DRAFT_WIDTHS),
-        "prefix": prefix,
+        "prefix": prefix or calibration_prefix(target, drafter),
         "forward": forward_kind(forward),
     }
 
@@ -120,17 +121,17 @@ def calibrate(target, drafter=None, new_drafter: Callable[[], object] | None = N
     memory, else from the on-disk cache, else measured (and written). ``drafter`` names the pair
     (its fingerprint), ``new_drafter()`` makes a scratch drafter to time; ``forward`` is the
     verification forward decoding runs (compiled or eager: timed as it runs). ``folder`` / ``mode``
-    default to :func:`cache_dir` / :func:`cache_mode`, ``prefix`` to :func:`calibration_prefix`.
-    Every generate() call of the process shares (and refreshes) the returned object; calls from
-    several threads measure one at a time, and a pair is measured once (``mode="refresh"``: once
-    per call)."""
+    default to :func:`~.calibration_file.cache_dir` / :func:`~.calibration_file.cache_mode`, ``prefix``
+    to :func:`calibration_prefix`. Every generate() call of the process shares (and refreshes) the
+    returned object; calls from several threads measure one at a time, and a pair is measured once
+    (``mode="refresh"``: once per call)."""
     mode = mode or cache_mode()
     folder = folder or cache_dir()
-    prefix = prefix or calibration_prefix(target, drafter)
+    key = calibration_key(target, drafter, prefix, forward)
+    prefix = key["prefix"]
     if prefix is None:
         raise ValueError(f"nodes/threshold='auto' needs a context of at least {MIN_CALIBRATION_PREFIX + _ROOM} "
                          f"tokens to calibrate")
-    key = calibration_key(target, drafter, prefix, forward)
     digest = key_digest(key)
     known = None if mode == "refresh" else _remembered(digest)
     if known is not None:
@@ -178,7 +179,7 @@ def policy_maker(config: TreeConfig, target, drafter=None, new_drafter: Callable
     shared by every row and later call, and refreshed by their timings). ``sampling``: the call samples,
     so its trees must not depend on the clock nor on earlier calls (DESIGN.md, *Seeded sampling repeats*):
     its rows share one copy of the calibration as measured
-    (:func:`~opttree.budget.latency.as_calibrated`) and plan untimed."""
+    (:func:`~opttree.budget.policy.as_calibrated`) and plan untimed."""
     if config.nodes != "auto" and config.threshold != "auto":
         return lambda: FixedPolicy(config)
     latency = calibrate(target, drafter, new_drafter, forward=forward)
@@ -193,6 +194,6 @@ def make_policy(config: TreeConfig, target, drafter=None, new_drafter: Callable[
     return policy_maker(config, target, drafter, new_drafter)()
 
 
-__all__ = ["CALIBRATION_VERSION", "MIN_CALIBRATION_PREFIX", "calibrate", "calibration_key",
-           "calibration_prefix", "clear_calibrations", "drafter_fingerprint", "known_latency", "make_policy", "model_fingerprint",
+__all__ = ["CALIBRATION_VERSION", "MIN_CALIBRATION_PREFIX", "calibrate", "calibration_key", "calibration_prefix",
+           "clear_calibrations", "drafter_fingerprint", "known_latency", "make_policy", "model_fingerprint",
            "policy_maker", "prefix_within"]

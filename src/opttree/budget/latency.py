@@ -110,7 +110,7 @@ class LatencyModel:
     # held by every refresh: concurrent decodes of one pair share this object (opttree.budget.calibration)
     lock: threading.RLock = dataclasses.field(default_factory=threading.RLock, repr=False, compare=False)
     # the calibration as measured or read, before any step refreshed it (its tables, nothing learnt): what a
-    # sampled call plans from (as_calibrated); None: not from a calibration
+    # sampled call plans from (opttree.budget.policy.as_calibrated); None: not from a calibration
     calibrated: LatencyModel | None = dataclasses.field(default=None, repr=False, compare=False)
     # (verify table, scale, offset, overhead) -> [>= AUTO_MAX_NODES] T(1 …) + overhead; see step_times
     _times: tuple | None = dataclasses.field(default=None, init=False, repr=False, compare=False)
@@ -198,16 +198,8 @@ class LatencyModel:
             self.root_seconds += REFRESH * (step.root_seconds - self.root_seconds)
 
 
-def as_calibrated(latency: LatencyModel) -> LatencyModel:
-    """A new model of the pair as its calibration measured it (``latency.calibrated``, else ``latency``'s
-    tables), whatever steps have refreshed since: its tables, nothing learnt."""
-    base = latency.calibrated or latency
-    return LatencyModel(verify=base.verify, verify_measured=base.verify_measured, layer=base.layer,
-                        root_seconds=base.root_seconds)
-
-
 def _clip(ratio: float) -> float:
     return min(max(ratio, 0.25), 4.0)  # one outlier step moves a scale at most this far
 
 
-__all__ = ["AUTO_MAX_NODES", "AffineFit", "LatencyModel", "LatencyTable", "REFRESH", "as_calibrated", "complete_table"]
+__all__ = ["AUTO_MAX_NODES", "AffineFit", "LatencyModel", "LatencyTable", "REFRESH", "complete_table"]

@@ -130,6 +130,15 @@ def largest_tree(config: TreeConfig) -> int:
     return AUTO_MAX_NODES if config.nodes == "auto" else config.nodes
 
 
+def as_calibrated(latency: LatencyModel) -> LatencyModel:
+    """What a sampled call's rows plan from: a new model holding the pair's tables as its calibration
+    measured or read them (``latency.calibrated``, else ``latency``'s own), whatever steps have
+    refreshed since; nothing learnt."""
+    base = latency.calibrated or latency
+    return LatencyModel(verify=base.verify, verify_measured=base.verify_measured, layer=base.layer,
+                        root_seconds=base.root_seconds)
+
+
 class AutoPolicy:
     """``nodes="auto"`` and/or ``threshold="auto"`` against a measured :class:`LatencyModel`.
 
@@ -200,5 +209,5 @@ class AutoPolicy:
                 self.latency.mean_sizes[self.setting] = self.mean_size
 
 
-__all__ = ["AutoPolicy", "MIN_WIDTH", "SIZE_REFRESH", "START_SIZE", "WIDTH_PER_NODE", "best_choice", "best_size",
-           "expected_speed", "largest_tree", "layer_pays", "layer_width", "next_layer_guess"]
+__all__ = ["AutoPolicy", "MIN_WIDTH", "SIZE_REFRESH", "START_SIZE", "WIDTH_PER_NODE", "as_calibrated", "best_choice",
+           "best_size", "expected_speed", "largest_tree", "layer_pays", "layer_width", "next_layer_guess"]
