@@ -16,8 +16,7 @@ from transformers import StaticCache
 from ..hf import kv_cache
 from ..hf.compat import with_cache
 from ..hf.compiled import MIN_SLOTS, target_forward
-from ..hf.validation import vocab_size
-from ..hf.width import carried_width
+from ..hf.width import carried_width, vocab_size
 from ..tree.draft_tree import DraftTree
 from ..tree.layout import MaskLayout
 from ..tree.masks import ForwardInputs, verification_inputs

@@ -7,7 +7,8 @@ import os
 
 import torch
 
-from ..hf.validation import check_attention, check_causal_lm, check_weights, context_length, vocab_size
+from ..hf.validation import check_attention, check_causal_lm, check_weights, context_length
+from ..hf.width import vocab_size
 from ..tree.layout import MaskLayout
 from .base import Drafter, ToProbs
 from .head.base import DraftHead

@@ -46,7 +46,7 @@ class PromptLookupDrafter(Drafter):
     def bind(self, target, to_probs: ToProbs | None) -> "PromptLookupDrafter":
         """A fresh drafter (empty index) with the target's vocabulary size: one per generate() call.
         (Its q are counted frequencies, not logits: sampling's warpers do not apply.)"""
-        from ..hf.validation import vocab_size
+        from ..hf.width import vocab_size
 
         return PromptLookupDrafter(self.max_ngram, self.min_ngram, vocab_size(target))
 

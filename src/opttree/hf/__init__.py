@@ -3,14 +3,14 @@
 * :mod:`.kv_cache`: the cache: keep a step's accepted slots, the rows' holes, compaction;
 * :mod:`.compat`: names that moved between transformers versions (the cache's), and a draft head's
   scaled RoPE as transformers computes it;
-* :mod:`.validation`: a model's vocabulary, context and attention; checks of a generate() call;
+* :mod:`.validation`: a model's context and attention; checks of a generate() call;
 * :mod:`.tree_cache`: the cache contract (which caches a call may use, refused by name with a fix),
   and the target's cache opened for trees and closed back as plain leaves it;
 * :mod:`.compiled`: THE verification forward (``target_forward``: decoding runs it, calibration times
   it), through generate()'s own compiled callable where generate() would compile plain decoding (one
   graph per fixed verification size);
-* :mod:`.width`: the width a model's config says carries its function (a field any target may carry),
-  and the embedding and output rows at it.
+* :mod:`.width`: a model's widths: its logits' (the vocabulary), and the width its config says carries
+  its function (a field any target may carry), with the embedding and output rows at it.
 
 The ground floor beside :mod:`opttree.tree`: imports nothing else of opttree; every folder above may import it.
 """

@@ -7,15 +7,6 @@ import torch
 TREE_MASK_BACKENDS = ("sdpa", "eager")
 
 
-def vocab_size(model) -> int:
-    """Rows of the model's output layer (the logits' last dimension)."""
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if head is not None and hasattr(head, "out_features"):
-        return int(head.out_features)
-    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    return int(config.vocab_size)
-
-
 def context_length(model) -> int | None:
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     for name in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):

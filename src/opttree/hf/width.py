@@ -1,4 +1,5 @@
-"""A model's carried width: how many leading entries of its residual stream carry its function.
+"""A model's widths: its logits' (:func:`vocab_size`, the rows of its output layer) and its carried
+width, how many leading entries of its residual stream carry its function.
 
 Any target's config may carry :data:`CARRIED_WIDTH`; a model widened with zeros (the bench's cost
 stand-ins) computes its source's function in the first entries of a wider stream, and records there
@@ -17,6 +18,14 @@ CARRIED_WIDTH = "opttree_carried_width"  # the config field: an int, at most the
 def text_config(config):
     """The text model's config (a multimodal config's text part; else the config itself)."""
     return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def vocab_size(model) -> int:
+    """Rows of the model's output layer (the logits' last dimension)."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is not None and hasattr(head, "out_features"):
+        return int(head.out_features)
+    return int(text_config(model.config).vocab_size)
 
 
 def carried_width(config) -> int:
@@ -45,4 +54,4 @@ def carried_rows(weight: torch.Tensor, config) -> torch.Tensor:
     return weight if width == weight.shape[-1] else weight[..., :width]
 
 
-__all__ = ["CARRIED_WIDTH", "carried_embedding", "carried_rows", "carried_width", "text_config"]
+__all__ = ["CARRIED_WIDTH", "carried_embedding", "carried_rows", "carried_width", "text_config", "vocab_size"]
