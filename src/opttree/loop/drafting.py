@@ -4,37 +4,17 @@ still growing), and what drafting it cost: the drafter's calls timed per row (:c
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import torch
 
 from ..drafters.base import DrafterRows
 from ..tree.builder import BuiltTree
-from ..tree.draft_tree import DraftTree
 from ..tree.plan import StepPlan
 from ..tree.strategies import grow_tree, no_tree
-from ..verify.acceptance import Acceptance
 from .lockstep import run_in_lockstep
-from .rows import Row, StepOutcome
+from .rows import Drafted, Row
 from .settings import DecodeSettings
 from .stats import LayerTiming
-
-
-@dataclass
-class Drafted:
-    """Step 1's trees, one per row still decoding, and what drafting them cost."""
-
-    builts: list[BuiltTree]
-    trees: list[DraftTree]  # each on its row's device
-    drafted: bool  # some row drafted (the drafter has a step to commit)
-    clock: DraftClock  # the drafter's calls, timed per row
-    forwards: int  # draft forwards of the step
-    seconds: float  # the drafting phase
-
-    def outcome(self, acceptances: list[Acceptance], verify_seconds: float) -> StepOutcome:
-        """The step as the rows' bookkeeping reads it (step 5)."""
-        return StepOutcome(self.builts, self.trees, acceptances, self.forwards, self.seconds, verify_seconds,
-                           self.clock.root_seconds, self.clock.layers)
 
 
 def draft_rows(rows: list[Row], drafters: DrafterRows, settings: DecodeSettings, sync: bool) -> Drafted:
@@ -47,7 +27,8 @@ def draft_rows(rows: list[Row], drafters: DrafterRows, settings: DecodeSettings,
     builts = draft_trees(clock, rows, caps, plans, settings)
     trees = [built.tree.to(row.sequence.device) for built, row in zip(builts, rows)]
     drafted = any(cap >= 1 for cap in caps)
-    return Drafted(builts, trees, drafted, clock, drafters.forwards - forwards, time.perf_counter() - start)
+    return Drafted(builts, trees, drafted, drafters.forwards - forwards, time.perf_counter() - start,
+                   clock.root_seconds, clock.layers)
 
 
 def draft_trees(clock: DraftClock, rows: list[Row], caps: list[int], plans: list[StepPlan],
@@ -105,4 +86,4 @@ class DraftClock:
         return out
 
 
-__all__ = ["DraftClock", "Drafted", "draft_rows", "draft_trees"]
+__all__ = ["DraftClock", "draft_rows", "draft_trees"]

@@ -33,10 +33,10 @@ from ..tree.layout import MaskLayout
 from ..tree.plan import FixedPolicy
 from ..verify.acceptance import Acceptance
 from .batch_context import processing
-from .drafting import Drafted, draft_rows
+from .drafting import draft_rows
 from .model_inputs import ModelInputs
 from .outputs import combined_stats, output_sequences, per_token
-from .rows import Padding, Row, Slots, StepOutcome, commit_step, new_rows
+from .rows import Drafted, Padding, Row, Slots, commit_step, new_rows
 from .settings import DecodeSettings
 from .stats import GenerationStats, StepStats
 from .stopping import StopRule
@@ -78,7 +78,7 @@ def speculative_decode(target, drafter: Drafter | DrafterRows, input_ids: torch.
         # 4. keep only each row's root and accepted path in both caches
         run.keep(drafted, acceptances, hidden)
         # 5. commit each row's tokens, up to the first one after which a stopping criterion fires
-        run.commit(drafted.outcome(acceptances, verified))
+        run.commit(drafted, acceptances, verified)
         # 6. finished rows leave the batch (target cache, drafter, trees), so they stop costing work
         run.leave()
     return run.result()
@@ -172,9 +172,9 @@ class Decoding:
             self.drafters.add_features([self.drafters.features_from(b, row_hidden(hidden, b))[kept_rows(a)]
                                         for b, a in enumerate(acceptances)])
 
-    def commit(self, step: StepOutcome) -> None:
+    def commit(self, drafted: Drafted, acceptances: list[Acceptance], verify_seconds: float) -> None:
         """Step 5: each row's tokens and figures (:func:`.rows.commit_step`)."""
-        summed = commit_step(self.rows, self.every_row, step, self.stop, self.settings)
+        summed = commit_step(self.rows, self.every_row, drafted, acceptances, verify_seconds, self.stop, self.settings)
         if len(self.every_row) > 1:
             self.batch_steps.append(summed)
 

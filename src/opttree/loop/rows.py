@@ -223,27 +223,27 @@ def new_tokens(acceptance: Acceptance, tokens: list[int], sequence: torch.Tensor
 
 
 @dataclass(frozen=True)
-class StepOutcome:
-    """One step as the rows' bookkeeping reads it: each row's tree, what its walk accepted, and what
-    the step's phases cost (the drafting and the verification are shared by the rows)."""
+class Drafted:
+    """Step 1's trees, one per row still decoding, and what drafting them cost (the drafting is shared
+    by the rows); step 5 records them with what each row's walk accepted (:meth:`row_stats`)."""
 
     builts: list[BuiltTree]
-    trees: list[DraftTree]
-    acceptances: list[Acceptance]
+    trees: list[DraftTree]  # each on its row's device
+    drafted: bool  # some row drafted (the drafter has a step to commit)
     forwards: int  # draft forwards of the step, every row's
-    draft_seconds: float  # the drafting phase
-    verify_seconds: float  # the verification forward and the walks
+    seconds: float  # the drafting phase
     root_seconds: list[float]  # each row's share of the drafter's catch-up call
     layers: list[list[LayerTiming]]  # each row's expand calls
 
-    def row_stats(self, b: int, emitted: int) -> StepStats:
-        """Row b's figures: its tree, what it accepted and emitted, its share (1/R) of the shared phases."""
-        built, tree, acceptance, share = self.builts[b], self.trees[b], self.acceptances[b], 1.0 / len(self.trees)
+    def row_stats(self, b: int, acceptance: Acceptance, emitted: int, verify_seconds: float) -> StepStats:
+        """Row b's figures: its tree, what it accepted and emitted, its share (1/R) of the shared phases
+        (``verify_seconds``: the verification forward and the walks)."""
+        built, tree, share = self.builts[b], self.trees[b], 1.0 / len(self.trees)
         depth = acceptance.tree_depth if acceptance.tree_depth is not None else tree_depth(tree)
         expected = built.expected_length if built.expected_length is not None else tree.expected_length
         return StepStats(tree_size=len(tree), tree_depth=depth, expected_length=expected,
                          accepted=acceptance.accepted, emitted=emitted, draft_forwards=self.forwards,
-                         draft_seconds=self.draft_seconds * share, verify_seconds=self.verify_seconds * share,
+                         draft_seconds=self.seconds * share, verify_seconds=verify_seconds * share,
                          tree=tree, accepted_nodes=list(acceptance.nodes), root_seconds=self.root_seconds[b],
                          layers=self.layers[b])
 
@@ -253,22 +253,22 @@ def tree_depth(tree: DraftTree) -> int:
     return int(tree.depths().max()) if len(tree) else 0
 
 
-def commit_step(rows: list[Row], every_row: list[Row], step: StepOutcome, stop: StopRule,
-                settings: DecodeSettings) -> StepStats:
+def commit_step(rows: list[Row], every_row: list[Row], drafted: Drafted, acceptances: list[Acceptance],
+                verify_seconds: float, stop: StopRule, settings: DecodeSettings) -> StepStats:
     """The loop's step 5 for every row still decoding (``rows``; ``every_row``: all of the call's):
     its tokens committed up to the first one after which a stopping criterion fires, its scores and
     logits kept where asked, its figures recorded and told to its budget policy; the new tokens
     streamed. -> the step's figures summed over its rows (a batch's stats)."""
     first_new = len(rows[0].sequence)
     for b, row in enumerate(rows):
-        acceptance = step.acceptances[b]
+        acceptance = acceptances[b]
         emitted = commit_tokens(row, acceptance, stop, settings.stopping_criteria, settings.pad_finished)
         if settings.output_scores:  # kept only on request: a [vocab] row per token adds up over long runs
             row.scores.extend(acceptance.scores[:emitted])
         if settings.output_logits:
             row.logits.extend(acceptance.logits[:emitted])
         row.stats.new_tokens += emitted
-        row.stats.steps.append(step.row_stats(b, emitted))
+        row.stats.steps.append(drafted.row_stats(b, acceptance, emitted, verify_seconds))
     if not settings.pad_finished:
         finish_together(every_row)
     if settings.streamer is not None:  # one row (the preparation checks it: generate()'s rule)
@@ -276,7 +276,7 @@ def commit_step(rows: list[Row], every_row: list[Row], step: StepOutcome, stop: 
     for row in rows:
         stop_at_context(row, settings.context_length)
         row.policy.observe(row.stats.steps[-1])  # what the step cost ("auto" refreshes its latency model)
-    return batch_step([row.stats.steps[-1] for row in rows], step.forwards, step.draft_seconds, step.verify_seconds)
+    return batch_step([row.stats.steps[-1] for row in rows], drafted.forwards, drafted.seconds, verify_seconds)
 
 
 def stop_at_context(row: Row, context_length: int) -> None:
