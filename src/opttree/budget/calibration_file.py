@@ -203,6 +203,6 @@ def _kind(value) -> str:
     return "null" if value is None else f"a {type(value).__name__}"
 
 
-__all__ = ["MAX_SECONDS", "MIN_SECONDS", "cache_dir", "cache_mode", "from_json", "key_digest", "measured_verify", "parse_document",
-           "parse_latency", "parse_seconds", "parse_table", "read_cached", "read_keyed_file", "to_json", "with_fitted_sizes",
-           "write_cached"]
+__all__ = ["MAX_SECONDS", "MIN_SECONDS", "cache_dir", "cache_mode", "from_json", "key_digest", "measured_verify",
+           "parse_document", "parse_latency", "parse_seconds", "parse_table", "read_cached", "read_keyed_file", "to_json",
+           "with_fitted_sizes", "write_cached"]
