@@ -13,7 +13,9 @@ behind the stream T(n) stays flat. This prints, from ONE run (so the same load):
   - ``stock``: torch's own linears (plain decoding as users run it);
   - ``kernels``: opttree's linears (``opttree.kernels.linears``, ``auto``: each shape's fastest kernel,
     timed after a warm-up that lasts until every choice is final, its re-check included);
-  - ``kernels ÷ stock``: the ratio of the two;
+  - ``kernels ÷ stock``: the median over rounds of each round's kernels forward ÷ the stock forward
+    beside it (a pair run seconds apart: the machine's drift, which moves a forward by 2x over
+    minutes on a shared VM, cancels in it; the ratio of the two medians would keep it);
   - ``kernels' linears alone``: those linears on random rows, back to back, without the rest of the
     forward (what is above it is the framework: norms, attention, rotary, the cache, Python);
 * with ``--compile``: the same forwards over a StaticCache through ``torch.compile`` (static shapes,
@@ -73,7 +75,8 @@ WARM_ROUNDS = 40  # at most, rounds over the sizes until every key's kernel is f
 
 
 def eager_ms(model, rows: list[int], repeats: int) -> tuple[dict[str, list[float]], int]:
-    """({"stock": ms per size, "kernels": ms per size}, warm-up rounds): median ms of a verification
+    """({"stock": ms per size, "kernels": ms per size, "kernels ÷ stock": the median of each round's
+    ratio per size}, warm-up rounds): median ms of a verification
     forward of each size in ``rows``, stock's linears and opttree's (``auto``) taking turns forward by
     forward on one cache (the first of the pair alternating), the sizes in turn within each round: a
     machine whose speed drifts over minutes slows both alike. First the kernels' warm-up: rounds
@@ -100,7 +103,11 @@ def eager_ms(model, rows: list[int], repeats: int) -> tuple[dict[str, list[float
             for name in pair:
                 with linears.fast_linears(model, on=name == "kernels"):
                     times[name][n].append(rig.run(n))
-    return {name: [1e3 * statistics.median(t[n]) for n in nodes] for name, t in times.items()}, warm
+    table = {name: [1e3 * statistics.median(t[n]) for n in nodes] for name, t in times.items()}
+    # each round's kernels forward over the stock forward it ran beside: the machine's drift cancels in the pair
+    table["kernels ÷ stock"] = [statistics.median(k / s for k, s in zip(times["kernels"][n], times["stock"][n]))
+                                for n in nodes]
+    return table, warm
 
 
 def kept(rows: list[int]) -> str:
@@ -299,7 +306,6 @@ def main(argv=None) -> None:
         stream, size = stream_ms(model)
         table, warm = eager_ms(model, rows, args.repeats)
         settled = linears.settled()
-        table["kernels ÷ stock"] = [k / s for k, s in zip(table["kernels"], table["stock"])]
         table["kernels' linears alone"] = linears_ms(model, rows, args.repeats)
         compiled = compiled_ms(model, rows, args.repeats, args.freezing) if args.compile else None
         stream_again, _ = stream_ms(model)

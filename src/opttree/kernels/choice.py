@@ -10,7 +10,8 @@ wins at 4 rows is never used at 1 row unless it also won there. For each key:
    plain decoding's 1 row) and small row counts are tried at their first meeting;
 1. **first trials**: the candidates take turns, one timed product each, until each has TRIALS;
    the fastest median becomes the key's *provisional* kernel (it serves the key from then on), stock
-   unless the fastest beats it by STOCK_MARGIN (:func:`pick`);
+   unless the fastest is clearly faster (:func:`clearly_faster`: median STOCK_MARGIN lower, and no
+   trial of it as slow as any of stock's);
 2. **the re-check, after warm-up**: once the provisional kernel has met every weight of the key (it
    meets one a second time: the layers come round again, so a oneDNN kernel has packed each) and
    at least RECHECK_AFTER products have gone through the kernels since, every candidate is timed
@@ -51,13 +52,19 @@ def tried_at_first_meeting(rows: int) -> bool:
     return rows <= ONCE_ROWS or rows & (rows - 1) == 0
 
 
+def clearly_faster(kernel: list[float], stock: list[float]) -> bool:
+    """Whether ``kernel``'s trials beat ``stock``'s beyond a shared machine's noise: its median at least
+    STOCK_MARGIN lower, and its slowest trial faster than stock's fastest (the two never overlap)."""
+    return statistics.median(kernel) <= (1 - STOCK_MARGIN) * statistics.median(stock) and max(kernel) < min(stock)
+
+
 def pick(times: dict[str, list[float]]) -> str:
     """The kernel with the lowest median time (ties: the earlier candidate), but stock unless that one
-    is at least STOCK_MARGIN faster than stock: medians of TRIALS products on a shared machine move
-    by more than that, and stock is what runs without opttree."""
+    is :func:`clearly_faster` than stock: medians of TRIALS products on a shared machine move by more
+    than STOCK_MARGIN, two kernels within noise of each other (bfloat16 on an AVX-512 CPU, where stock
+    is oneDNN's matmul too) would be chosen by chance, and stock is what runs without opttree."""
     best = min(times, key=lambda name: statistics.median(times[name]))
-    if best != "stock" and "stock" in times and \
-            statistics.median(times[best]) > (1 - STOCK_MARGIN) * statistics.median(times["stock"]):
+    if best != "stock" and "stock" in times and not clearly_faster(times[best], times["stock"]):
         return "stock"
     return best
 
@@ -236,4 +243,4 @@ class Chooser:
 
 
 __all__ = ["ONCE_ROWS", "RECHECK_AFTER", "RECHECK_BUDGET", "STOCK_MARGIN", "TRIALS", "Chooser", "Key", "Provisional", "Round",
-           "pick", "recheck_due", "round_done", "trial_order", "tried_at_first_meeting"]
+           "clearly_faster", "pick", "recheck_due", "round_done", "trial_order", "tried_at_first_meeting"]
