@@ -28,7 +28,8 @@ per row count, stock always among the candidates (:mod:`opttree.kernels.choice`)
 timed TRIALS times each inside the real forwards, taking turns, and the fastest median serves the
 key provisionally; after warm-up (once that kernel has met every weight of the key: packed, and
 read from memory) they are timed again and the fastest median of that round is kept for the process
-(:func:`decisions`, :func:`settled`). Inside a forward the weights come from memory, as in decoding; a
+(:func:`decisions`, :func:`settled`); in both rounds stock stays unless the fastest is clearly faster
+(:func:`opttree.kernels.choice.clearly_faster`). Inside a forward the weights come from memory, as in decoding; a
 micro-benchmark with a hot weight favours other kernels. ``OPTTREE_LINEAR=stock``, ``weight_major``,
 ``onednn`` or ``onednn_pad`` fixes the kernel where it applies (else stock). Results agree with
 ``F.linear`` to the dtype's rounding, as any two GEMM kernels do; a product whose kernel is stock
