@@ -808,3 +808,36 @@ def test_a_size_is_warmed_until_its_forwards_stop_getting_faster():
     assert timing.warm_then_time(Rig([7.0, 0.9, 0.85]), 15) == (0.85, 3)
     assert timing.warm_then_time(Rig([0.3, 0.29, 9.0]), 0) == (0.29, 2)  # steady at once: one warm-up
     assert timing.warm_then_time(Rig([8.0, 4.0, 2.0, 1.0, 0.5]), 63) == (1.0, 4)  # at most four
+
+
+class SpikeRig:
+    """A rig whose forwards of n nodes take ``steady[n]`` seconds, but whose ``spike_at``-th forward
+    (counting from 1) takes ``spike`` seconds: a kernel's one-off cost (packing a weight, its trials)
+    landing on one forward."""
+
+    def __init__(self, steady: dict[int, float], spike_at: int, spike: float):
+        self.steady, self.spike_at, self.spike, self.calls = steady, spike_at, spike, []
+
+    def __call__(self, target, prefix, forward=None, hidden=False):
+        return self
+
+    def run(self, n: int) -> float:
+        self.calls.append(n)
+        return self.spike if len(self.calls) == self.spike_at else self.steady[n]
+
+
+@pytest.mark.parametrize("settled, kept", [(False, 0.15), (True, 0.80)])
+def test_a_spike_while_the_kernels_still_choose_is_not_the_calibrated_time(settled, kept, monkeypatch):
+    """Seen on a Zen 4 in float32 (SmolLM2, 1 thread): the LM head's kernel trials run one product a
+    forward for ~20 forwards, and the forward that packed its oneDNN copy took 0.8 s against 0.15 s;
+    calibration timed that forward as T(15), so `auto` never drafted (tree 0, opttree 1.09x plain).
+    While the kernels' choice is unsettled, calibration times one more round of every size, whatever
+    the budget, and keeps each size's fastest. Control: a settled choice keeps the budget's rule."""
+    from opttree.kernels import linears
+
+    rig = SpikeRig({0: 0.05, 15: 0.15}, spike_at=4, spike=0.80)  # calls: 0 warm, 0 timed, 15 warm, 15 timed
+    monkeypatch.setattr(timing, "VerifyRig", rig)
+    monkeypatch.setattr(linears, "settled", lambda: settled)
+    table = timing.measure_verify_budgeted(None, forwards=1.0, seconds=0.0)  # a budget of the first two sizes only
+    assert table.sizes == (0, 15) and table.seconds == (0.05, kept)
+    assert rig.calls[:4] == [0, 0, 15, 15]

@@ -17,6 +17,7 @@ from ..hf import kv_cache
 from ..hf.compat import with_cache
 from ..hf.compiled import MIN_SLOTS, target_forward
 from ..hf.width import carried_width, vocab_size
+from ..kernels import linears
 from ..tree.draft_tree import DraftTree
 from ..tree.layout import MaskLayout
 from ..tree.masks import ForwardInputs, verification_inputs
@@ -167,8 +168,10 @@ def measure_verify_budgeted(target, prefix: int = CALIBRATION_PREFIX, order=TIMI
     then timed, in ``order``, the first two always, a next one only where the time spent so far plus
     its predicted cost stays within max(``forwards`` × T(the first), ``seconds``); then more timed rounds
     of the timed sizes while the budget lasts, and one whatever the budget where a size needed more than
-    one warm-up (the first of a process: a size timed early may have paid for a later one's packing); at
-    most REPEATS rounds in all, the fastest of each size kept. Time is counted in
+    one warm-up (the first of a process: a size timed early may have paid for a later one's packing) or
+    where the CPU kernels' choice is still unsettled (:func:`opttree.kernels.linears.settled`: a weight met
+    once a forward, an LM head, runs its trials one product a forward, and the forward that packs its
+    copy can cost 5x a steady one); at most REPEATS rounds in all, the fastest of each size kept. Time is counted in
     steady forwards (a warm-up at its size's timed cost): what a size's first forwards pay once (a
     kernel's trials and packed weights, a compile) decoding would pay at its first step there too.
     ``forward``, ``hidden``: as :class:`VerifyRig`. -> the table of the sizes timed."""
@@ -185,6 +188,7 @@ def measure_verify_budgeted(target, prefix: int = CALIBRATION_PREFIX, order=TIMI
         spent += runs * timed
         times[n] = [timed]
         budget = budget if budget is not None else max(forwards * timed, seconds)
+    warming = warming or not linears.settled()
     for round_ in range(REPEATS - 1):  # where the pass was still preparing (packing weights in its forwards),
         round_cost = sum(min(t) for t in times.values())  # a size timed early may have paid for a later one:
         if (round_ > 0 or not warming) and spent + round_cost > budget:  # one more round, whatever the budget
