@@ -287,3 +287,46 @@ def test_a_kernel_within_noise_of_stock_leaves_stock(times, kept):
     from opttree.kernels.choice import pick
 
     assert pick(times) == kept
+
+
+def test_the_last_level_cache_is_read_as_linux_lists_it(tmp_path):
+    from opttree.kernels.cpu import cache_size_bytes, read_last_level_cache
+
+    for i, (level, size) in enumerate([(1, "32K"), (1, "32K"), (2, "1024K"), (3, "32768K")]):
+        (tmp_path / f"index{i}").mkdir()
+        (tmp_path / f"index{i}" / "level").write_text(f"{level}\n")
+        (tmp_path / f"index{i}" / "size").write_text(f"{size}\n")
+    assert read_last_level_cache(tmp_path) == 32 << 20  # the Zen 4 VM's: L3, 32 MiB
+    assert cache_size_bytes("2M") == 2 << 20 and cache_size_bytes("512") == 512 and cache_size_bytes("n/a") is None
+    assert read_last_level_cache(tmp_path / "none") is None  # no /sys: the constant stands
+    assert linears.in_place_bytes(32 << 20) == 64 << 20  # twice a 32 MiB cache
+    assert linears.in_place_bytes(1 << 30) == linears.IN_PLACE_BYTES  # never above the constant
+    assert linears.in_place_bytes(0) == linears.IN_PLACE_BYTES
+
+
+def test_an_lm_head_over_twice_the_cache_settles_in_two_meetings(monkeypatch):
+    """SmolLM2's LM head in float32 (108 MiB, under IN_PLACE_BYTES) on a Zen 4 (32 MiB L3): its trials ran one
+    product a forward, ~20 forwards a row count, and calibration timed the forward that packed its copy.
+    Sized against the cache, its first trials run at its first meeting and its re-check at one later
+    meeting. Control: under a cache as big as the weight, one trial a meeting as before."""
+    from opttree.kernels.choice import RECHECK_AFTER
+
+    big, small = torch.randn(64, 16), torch.randn(8, 16)
+    names = linears.candidates(torch.float32, 3)
+    calls = fake_costs(monkeypatch, lambda name, rows, i: 1.0 if name == "stock" else 2.0)
+    x = torch.randn(3, 16)
+
+    def meetings_until_settled(cache_bytes: int) -> int:
+        monkeypatch.setattr(linears, "last_level_cache_bytes", lambda: cache_bytes)
+        linears.forget_decisions()
+        met = 0
+        while key(3, big) not in linears._choice.final() and met < 100:
+            fast_linear(x, big)
+            met += 1
+            for _ in range(RECHECK_AFTER):
+                fast_linear(x, small)
+        return met
+
+    weight_bytes = big.numel() * big.element_size()
+    assert meetings_until_settled(weight_bytes // 2) == 3  # trials, the provisional kernel's meeting, the re-check
+    assert meetings_until_settled(weight_bytes) > 2 * TRIALS * len(names)  # one trial a meeting

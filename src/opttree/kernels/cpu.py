@@ -1,4 +1,5 @@
-"""What this CPU and this torch build can run, as torch and oneDNN report it.
+"""What this CPU and this torch build can run, as torch and oneDNN report it; and how big its
+last-level cache is, as Linux reports it (:func:`last_level_cache_bytes`).
 
 The kernels offered by :func:`opttree.kernels.linears.candidates` are those this answers yes to. It is
 asked of torch, never read from ``/proc/cpuinfo``, so it follows the caps torch and oneDNN take from
@@ -12,8 +13,11 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
+
+CACHE_FOLDER = Path("/sys/devices/system/cpu/cpu0/cache")  # Linux's index*/level and index*/size
 
 
 @dataclass(frozen=True)
@@ -46,4 +50,33 @@ def cpu_support() -> CpuSupport:
     )
 
 
-__all__ = ["CpuSupport", "cpu_support"]
+def cache_size_bytes(text: str) -> int | None:
+    """Linux's cache size text (``"32768K"``, ``"1024K"``, ``"2M"``) in bytes; None if unreadable."""
+    text = text.strip().upper()
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+    digits = text[:-1] if text[-1:] in "KMG" else text
+    return int(digits) * scale if digits.isdigit() else None
+
+
+def read_last_level_cache(folder: Path) -> int | None:
+    """The size in bytes of the highest-level cache listed under ``folder`` (``index*/level``,
+    ``index*/size``); None where none can be read."""
+    levels = []
+    for index in sorted(folder.glob("index*")):
+        try:
+            level, size = int((index / "level").read_text()), cache_size_bytes((index / "size").read_text())
+        except (OSError, ValueError):
+            continue
+        if size:
+            levels.append((level, size))
+    return max(levels)[1] if levels else None
+
+
+@functools.cache
+def last_level_cache_bytes() -> int | None:
+    """This CPU's last-level cache in bytes, as Linux lists it for CPU 0 (a VM's is its host's); None
+    where it lists none (another OS, a container without ``/sys``)."""
+    return read_last_level_cache(CACHE_FOLDER)
+
+
+__all__ = ["CpuSupport", "cache_size_bytes", "cpu_support", "last_level_cache_bytes", "read_last_level_cache"]

@@ -60,12 +60,13 @@ from torch.overrides import TorchFunctionMode
 from torch.utils.weak import WeakTensorKeyDictionary
 
 from .choice import TRIALS, Chooser, Key, pick
-from .cpu import cpu_support
+from .cpu import cpu_support, last_level_cache_bytes
 
 MAX_ROWS = 64  # products of more rows (prefills) take the stock path
 # A weight this big comes from memory even when multiplied several times in a row (bigger than any
 # CPU's last-level cache): each round of its key's trials runs at one product, instead of one product
 # per forward (an LM head, met once a forward, would otherwise take len(candidates) * TRIALS forwards).
+# Where Linux lists the last-level cache, twice that is enough (in_place_bytes).
 IN_PLACE_BYTES = 128 << 20
 KERNELS = ("stock", "weight_major", "onednn", "onednn_pad")
 DTYPES = (torch.float32, torch.bfloat16)
@@ -202,9 +203,16 @@ def _ready(weight: torch.Tensor) -> Callable[[str, bool], bool]:
     return ready
 
 
+def in_place_bytes(cache: int | None = None) -> int:
+    """Bytes from which a weight's trials run at one product: IN_PLACE_BYTES, or twice the last-level cache
+    (``cache``, default this CPU's) where less: such a weight streams from memory even back to back."""
+    cache = last_level_cache_bytes() if cache is None else cache
+    return min(IN_PLACE_BYTES, 2 * cache) if cache else IN_PLACE_BYTES
+
+
 def _undecided(key: Key, dtype: torch.dtype, rows: int, flat, weight, bias) -> torch.Tensor:
     """A product of a key without a final kernel: its provisional kernel's, or a trial (kernels/choice.py)."""
-    in_place = weight.numel() * weight.element_size() >= IN_PLACE_BYTES
+    in_place = weight.numel() * weight.element_size() >= in_place_bytes()
     return _choice.product(key, candidates(dtype, rows), lambda name: _KERNEL[name](flat, weight, bias),
                            _ready(weight), id(weight), in_place)
 
@@ -389,4 +397,5 @@ def fast_linears(*models, on: bool = True):
 
 __all__ = ["DTYPES", "IN_PLACE_BYTES", "KERNELS", "MAX_ROWS", "TRIALS", "FastLinearMode", "active", "candidates",
            "decisions", "dropped", "eligible_rows", "fast_linear", "fast_linears", "forget_decisions", "helps",
-           "is_packed", "linear", "mode", "packed_weight", "pick", "settled", "swappable", "takes_stock"]
+           "in_place_bytes", "is_packed", "linear", "mode", "packed_weight", "pick", "settled", "swappable",
+           "takes_stock"]
