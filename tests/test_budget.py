@@ -812,34 +812,51 @@ def test_a_size_is_warmed_until_its_forwards_stop_getting_faster():
     assert timing.warm_then_time(Rig([0.35, 0.11, 1.0]), 15) == (0.11, 3)
 
 
-class SpikeRig:
-    """A rig whose forwards of n nodes take ``steady[n]`` seconds, but whose ``spike_at``-th forward
-    (counting from 1) takes ``spike`` seconds: a kernel's one-off cost (packing a weight, its trials)
-    landing on one forward."""
-
-    def __init__(self, steady: dict[int, float], spike_at: int, spike: float):
-        self.steady, self.spike_at, self.spike, self.calls = steady, spike_at, spike, []
-
-    def __call__(self, target, prefix, forward=None, hidden=False):
-        return self
-
-    def run(self, n: int) -> float:
-        self.calls.append(n)
-        return self.spike if len(self.calls) == self.spike_at else self.steady[n]
-
-
-@pytest.mark.parametrize("settled, kept", [(False, 0.15), (True, 0.80)])
-def test_a_spike_while_the_kernels_still_choose_is_not_the_calibrated_time(settled, kept, monkeypatch):
-    """Seen on a Zen 4 in float32 (SmolLM2, 1 thread): the LM head's kernel trials run one product a
-    forward for ~20 forwards, and the forward that packed its oneDNN copy took 0.8 s against 0.15 s;
-    calibration timed that forward as T(15), so `auto` never drafted (tree 0, opttree 1.09x plain).
-    While the kernels' choice is unsettled, calibration times one more round of every size, whatever
-    the budget, and keeps each size's fastest. Control: a settled choice keeps the budget's rule."""
+def test_a_size_is_warmed_until_a_forward_runs_with_its_kernels_chosen_and_packed(monkeypatch):
+    """Seen on a Zen 4 in float32 (SmolLM2, 16 rows): forwards took 0.3-0.7 s while the kernels tried
+    candidates and packed weights for the one chosen, 0.1 s after; the 4 forwards the speed rule ran all
+    fell in that phase, T(15) read 0.54 s and `auto` kept ~1-node trees. Forwards now go on while one
+    changes linears.preparing() (at most SETTLE_FORWARDS), and the fastest after the first is timed.
+    Control: with nothing preparing, the speed rule alone (2 forwards)."""
     from opttree.kernels import linears
 
-    rig = SpikeRig({0: 0.05, 15: 0.15}, spike_at=4, spike=0.80)  # calls: 0 warm, 0 timed, 15 warm, 15 timed
-    monkeypatch.setattr(timing, "VerifyRig", rig)
-    monkeypatch.setattr(linears, "settled", lambda: settled)
-    table = timing.measure_verify_budgeted(None, forwards=1.0, seconds=0.0)  # a budget of the first two sizes only
-    assert table.sizes == (0, 15) and table.seconds == (0.05, kept)
-    assert rig.calls[:4] == [0, 0, 15, 15]
+    class Rig:
+        def __init__(self, seconds, preparing_runs):
+            self.seconds, self.preparing_runs, self.count, self.runs = list(seconds), preparing_runs, 0, 0
+
+        def run(self, n):
+            self.runs += 1
+            if self.runs <= self.preparing_runs:
+                self.count += 1  # a trial or a packed weight in this forward
+            return self.seconds.pop(0)
+
+    rig = Rig([0.30, 0.29, 0.70, 0.35, 0.10, 0.11, 9.0], preparing_runs=5)
+    monkeypatch.setattr(linears, "preparing", lambda: rig.count)
+    assert timing.warm_then_time(rig, 15) == (0.10, 6)  # the 6th forward is the first with nothing preparing
+    rig = Rig([0.30, 0.29, 0.70] + [0.5] * 10, preparing_runs=100)
+    assert timing.warm_then_time(rig, 15) == (0.29, timing.SETTLE_FORWARDS)  # bounded
+    rig = Rig([0.30, 0.29, 9.0], preparing_runs=0)
+    assert timing.warm_then_time(rig, 15) == (0.29, 2)  # control
+
+
+def test_calibration_warms_a_size_until_the_real_kernels_have_settled_there(monkeypatch):
+    """On a real (tiny, 12-layer) target under the CPU kernels, from a fresh choice: after a size is
+    warmed and timed, one more forward of it neither tries a kernel nor packs a weight (a count, not a
+    time). Its LM head runs its trials at one product, as an LM head over twice the cache does."""
+    from opttree.kernels import linears
+    from opttree.kernels.choice import Chooser
+
+    target = tiny_model("llama", layers=12)
+    head = target.get_output_embeddings().weight
+    monkeypatch.setattr(linears, "IN_PLACE_BYTES", head.numel() * head.element_size())
+    real, linears._choice = linears._choice, Chooser()
+    try:
+        with torch.inference_mode(), linears.fast_linears(target):
+            rig = timing.VerifyRig(target, prefix=8)
+            for n in (0, 15):
+                _, runs = timing.warm_then_time(rig, n)
+                before = linears.preparing()
+                rig.run(n)
+                assert linears.preparing() == before and 2 <= runs <= timing.SETTLE_FORWARDS
+    finally:
+        linears._choice = real

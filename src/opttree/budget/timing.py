@@ -31,6 +31,7 @@ logger = logging.getLogger(__name__)
 VERIFY_NODES = tuple(rows - 1 for rows in VERIFY_SIZES if rows - 1 <= AUTO_MAX_NODES)
 DRAFT_WIDTHS = (1, 2, 4, 8, 16, 32)  # layer widths timed at calibration
 CALIBRATION_PREFIX = 32  # committed tokens under the timed forwards (a longer context's cost is learnt online)
+SETTLE_FORWARDS = 8  # forwards a size runs at most while the CPU kernels still choose or pack in them
 REPEATS = 5  # timed rounds per size (after one warm-up round); sizes interleaved within a round
 # The sizes calibration times, in this order, while its budget lasts (the first two always): the
 # ends of the range that matters first; the others are fitted between them (latency.complete_table)
@@ -154,13 +155,21 @@ def measure_verify(target, sizes=VERIFY_NODES, prefix: int = CALIBRATION_PREFIX,
 def warm_then_time(rig: "VerifyRig", n: int, most: int = 4) -> tuple[float, int]:
     """(seconds of a timed forward of ``n`` nodes, forwards run): forwards are run until one is no
     faster than 0.8 × the one before (the first forwards of a size choose its CPU kernels and pack
-    their weights, or compile its graph), at most ``most``; the fastest after the first is the timed
-    one (a later forward can be the slow one: a kernel chosen for good packs the weights it had not
-    met, 0.7 s against 0.1 s for SmolLM2 at 16 rows in float32 on a Zen 4)."""
-    runs = [rig.run(n), rig.run(n)]
-    while len(runs) < most and runs[-1] < 0.8 * runs[-2]:
+    their weights, or compile its graph), at most ``most``, and until one ran with no CPU kernel still
+    choosing or packing (:func:`opttree.kernels.linears.preparing` unchanged), at most SETTLE_FORWARDS.
+    The fastest after the first is the timed one: SmolLM2 at 16 rows in float32 on a Zen 4 took
+    0.3-0.7 s a forward while its kernels chose and packed, 0.1 s after."""
+    runs, clean = [], []
+    while True:
+        before = linears.preparing()
         runs.append(rig.run(n))
-    return min(runs[1:]), len(runs)
+        clean.append(linears.preparing() == before)
+        if len(runs) < 2:
+            continue
+        faster = len(runs) < most and runs[-1] < 0.8 * runs[-2]
+        choosing = len(runs) < SETTLE_FORWARDS and not clean[-1]
+        if not (faster or choosing):
+            return min(runs[1:]), len(runs)
 
 
 def measure_verify_budgeted(target, prefix: int = CALIBRATION_PREFIX, order=TIMING_ORDER,
@@ -170,10 +179,8 @@ def measure_verify_budgeted(target, prefix: int = CALIBRATION_PREFIX, order=TIMI
     then timed, in ``order``, the first two always, a next one only where the time spent so far plus
     its predicted cost stays within max(``forwards`` × T(the first), ``seconds``); then more timed rounds
     of the timed sizes while the budget lasts, and one whatever the budget where a size needed more than
-    one warm-up (the first of a process: a size timed early may have paid for a later one's packing) or
-    where the CPU kernels' choice is still unsettled (:func:`opttree.kernels.linears.settled`: a weight met
-    once a forward, an LM head, runs its trials one product a forward, and the forward that packs its
-    copy can cost 5x a steady one); at most REPEATS rounds in all, the fastest of each size kept. Time is counted in
+    one warm-up (the first of a process: a size timed early may have paid for a later one's packing); at
+    most REPEATS rounds in all, the fastest of each size kept. Time is counted in
     steady forwards (a warm-up at its size's timed cost): what a size's first forwards pay once (a
     kernel's trials and packed weights, a compile) decoding would pay at its first step there too.
     ``forward``, ``hidden``: as :class:`VerifyRig`. -> the table of the sizes timed."""
@@ -190,7 +197,6 @@ def measure_verify_budgeted(target, prefix: int = CALIBRATION_PREFIX, order=TIMI
         spent += runs * timed
         times[n] = [timed]
         budget = budget if budget is not None else max(forwards * timed, seconds)
-    warming = warming or not linears.settled()
     for round_ in range(REPEATS - 1):  # where the pass was still preparing (packing weights in its forwards),
         round_cost = sum(min(t) for t in times.values())  # a size timed early may have paid for a later one:
         if (round_ > 0 or not warming) and spent + round_cost > budget:  # one more round, whatever the budget

@@ -119,6 +119,7 @@ class Chooser:
         self.dropped: dict[Key, set[str]] = {}
         self.waiting: dict[Key, set[int]] = {}  # keys met once so far: ids of the weights met (see 0.)
         self.products = 0  # products through the kernels (auto), counted approximately under threads
+        self.undecided = 0  # products of keys without a final kernel (trials, provisional), as approximately
 
     # -- what the process has chosen
 
@@ -151,6 +152,7 @@ class Chooser:
         """One product of ``key`` on the weight whose id is ``weight``: by the key's provisional kernel,
         or a trial (see the module docstring)."""
         with self.lock:
+            self.undecided += 1
             serving = self._serving(key, weight)
         if serving is not None:
             return run(serving)

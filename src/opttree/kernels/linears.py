@@ -89,6 +89,7 @@ def _weight_major(flat: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
 
 _packed = WeakTensorKeyDictionary()  # weight -> (its _version when packed, the packed copy)
 _packed_lock = threading.Lock()
+_packs = [0]  # copies made (preparing())
 
 
 def packed_weight(weight: torch.Tensor) -> torch.Tensor:
@@ -101,6 +102,7 @@ def packed_weight(weight: torch.Tensor) -> torch.Tensor:
             if entry is None or entry[0] != weight._version:
                 entry = (weight._version, torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 16))
                 _packed[weight] = entry
+                _packs[0] += 1
     return entry[1]
 
 
@@ -170,6 +172,12 @@ def decisions() -> dict[Key, str]:
 def settled() -> bool:
     """Whether every key met so far has its final kernel (its re-check done, none still trying)."""
     return _choice.settled()
+
+
+def preparing() -> int:
+    """A count that grows with every product not yet on its final kernel (a trial, a provisional one) and
+    every weight packed: a forward that leaves it unchanged ran as a settled choice runs it."""
+    return _choice.undecided + _packs[0]
 
 
 def dropped() -> dict[Key, set[str]]:
@@ -397,5 +405,5 @@ def fast_linears(*models, on: bool = True):
 
 __all__ = ["DTYPES", "IN_PLACE_BYTES", "KERNELS", "MAX_ROWS", "TRIALS", "FastLinearMode", "active", "candidates",
            "decisions", "dropped", "eligible_rows", "fast_linear", "fast_linears", "forget_decisions", "helps",
-           "in_place_bytes", "is_packed", "linear", "mode", "packed_weight", "pick", "settled", "swappable",
-           "takes_stock"]
+           "in_place_bytes", "is_packed", "linear", "mode", "packed_weight", "pick", "preparing", "settled",
+           "swappable", "takes_stock"]
