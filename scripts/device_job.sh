@@ -12,12 +12,15 @@
 #                                      call; each target gets its share of the time left.
 #                                      OPTTREE_BENCH_TARGETS / _DEVICE / _DTYPE / _METHODS / _EXTRA override (the CPU
 #                                      dry run of tests/test_device_kit.py).
-#   bash scripts/device_job.sh round   drafts/smollm2-135m-head/round-gpu.toml, in ONE call, everything in memory
+#   bash scripts/device_job.sh round [eagle3|head]
+#                                      round-gpu-eagle3.toml (default: an EAGLE-3 folder) or round-gpu.toml (opttree's
+#                                      feature head), in ONE call, everything in memory
 #                                      (python -m opttree.distill.recipes.resident): the target's answers to the kit's
 #                                      prompts (round-prompts.jsonl.gz, from `device_kit.py pack --job round`),
 #                                      their features, the stages; the round gets the job's time less 45 s and
 #                                      ends with a head however far it got. $OUT/round.log and head-next.tar.gz
-#                                      (the head's files and round.json: each step's seconds, tokens and rates).
+#                                      (the head's files and round.json: each step's seconds, tokens and rates);
+#                                      a model.safetensors over 15 MiB comes back in pieces, model.safetensors.partNN.
 # Device time: 15 minutes per task, all calls together (the machine's start, idle waits and the
 # copies included). Each job stops itself after OPTTREE_JOB_SECONDS (default 420 s: the kit's carry
 # calls, one job and a rerun of a short one fit), and its log comes back inside the tool's 10-minute call.
@@ -32,9 +35,12 @@ OUT=${OUT:-$KIT/out}
 LIMIT=${OPTTREE_JOB_SECONDS:-420}  # device_kit.py's JOB_SECONDS
 CATEGORIES=writing,roleplay,reasoning,math,coding,extraction,stem,humanities,translation,summarization,qa,math_reasoning,rag
 job=${1:-}
+# `round`'s recipes: eagle3 (the default, issue 51.c: a head vLLM and SGLang serve) or head (opttree's feature head);
+# both answer the same prompts (one seed and source), so one kit serves either
+declare -A ROUND_RECIPES=([eagle3]=drafts/smollm2-135m-head/round-gpu-eagle3.toml [head]=drafts/smollm2-135m-head/round-gpu.toml)
 
 die() { echo "device_job.sh: error: $*" >&2; exit 2; }
-case "$job" in tests|bench|round) ;; *) die "usage: bash scripts/device_job.sh tests|bench|round" ;; esac
+case "$job" in tests|bench|round) ;; *) die "usage: bash scripts/device_job.sh tests|bench|round [eagle3|head]" ;; esac
 [ -f "$KIT/assembled.json" ] || die "no assembled kit in $KIT (the machine went cold, or assemble did not run): \
 run device_kit.py's calls again from call 1 (python scripts/device_kit.py commands)"
 export PYTHONPATH="$SITE:$PWD/src" OPTTREE_CACHE="$KIT/opttree-cache" OPTTREE_SPEC_BENCH="$KIT/spec_bench_questions.jsonl"
@@ -94,17 +100,25 @@ bench)
 round)
   [ -f "$KIT/round-prompts.jsonl.gz" ] || die "no round prompts in the kit: pack it with \
 \`python scripts/device_kit.py pack --job round\` and make its calls again from call 1"
+  recipe=${ROUND_RECIPES[${2:-eagle3}]:-}
+  [ -n "$recipe" ] || die "bash scripts/device_job.sh round [eagle3|head]: no round '$2'"
   versions | tee "$OUT/round.log"
+  echo "round: $recipe" | tee -a "$OUT/round.log"
   rc=0
   budget=$(( $(left) - 45 ))  # the round's own clock; the rest packs what comes back
-  timeout "$(left)" python3 -m opttree.distill.recipes.resident --recipe drafts/smollm2-135m-head/round-gpu.toml \
+  timeout "$(left)" python3 -m opttree.distill.recipes.resident --recipe "$recipe" \
     --prompts "$KIT/round-prompts.jsonl.gz" --out "$KIT/head-next" --device cuda --seconds "$budget" 2>&1 \
     | tee -a "$OUT/round.log" || rc=$?
   [ "$rc" = 0 ] || { echo "round: exit $rc (124: stopped at the time limit)" | tee -a "$OUT/round.log"; exit "$rc"; }
-  files=(head-next/opttree_draft.json head-next/training.json head-next/round.json)
+  files=()
+  for f in config.json opttree_draft.json training.json round.json; do
+    [ -f "$KIT/head-next/$f" ] && files+=("head-next/$f"); done
   size=$(stat -c %s "$KIT/head-next/model.safetensors")
   if [ "$size" -le $((15 * 1024 * 1024)) ]; then files+=(head-next/model.safetensors); else
-    echo "round: model.safetensors is $size bytes, over what comes back (16 MiB): left in $KIT/head-next" \
+    # over what one file brings back (16 MiB): in pieces of 15 MiB beside the tar, joined here with cat
+    split -b $((15 * 1024 * 1024)) -d "$KIT/head-next/model.safetensors" "$OUT/model.safetensors.part"
+    echo "round: model.safetensors is $size bytes (sha256 $(sha256sum "$KIT/head-next/model.safetensors" | cut -c1-64)):" \
+      "in $(ls "$OUT" | grep -c '^model.safetensors.part') pieces; cat model.safetensors.part* > head-next/model.safetensors" \
       | tee -a "$OUT/round.log"; fi
   tar -czf "$OUT/head-next.tar.gz" -C "$KIT" "${files[@]}"
   echo "round: done; $OUT/head-next.tar.gz holds ${files[*]}" | tee -a "$OUT/round.log"

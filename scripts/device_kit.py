@@ -8,7 +8,7 @@ after a call). The 98 MB GGUF therefore travels in pieces, one per call, back to
     python scripts/device_kit.py pack        # here: wheels, pieces, manifest.json; prints the calls
     receive K                                # there, call K: piece K into /tmp/opttree-kit
     assemble                                 # there, last call: join, md5, wheels into /tmp/site
-    bash scripts/device_job.sh tests|bench|round
+    bash scripts/device_job.sh tests|bench|round [eagle3|head]
 
 Each call carries ONE folder, ``.device-kit/call-K/`` (piece K and the manifest; the last also the
 wheels and the questions). This file plans and packs (here) and is the command line on both sides;
@@ -47,7 +47,8 @@ MAX_COMMAND = 2000
 PIP_PLATFORM = ["--python-version", "3.12", "--implementation", "cp", "--platform", "manylinux_2_28_x86_64",
                 "--platform", "manylinux_2_17_x86_64", "--platform", "manylinux2014_x86_64"]
 LATER_JOBS = {"tests": "the GPU and real-model tests", "bench": "Spec-Bench, 13 categories x 1",
-              "round": "round-gpu.toml's round, in one call (pack --job round carries its prompts)"}
+              "round": "round-gpu-eagle3.toml's round (an EAGLE-3 head; `round head`: round-gpu.toml's), in one "
+                       "call (pack --job round carries its prompts, the same for both)"}
 # A lent machine gives a task 15 minutes of device time, all calls together, its start, idle waits
 # and copies included; the tool's own call limit is 10 minutes. A job stops itself after
 # JOB_SECONDS (device_job.sh's default), so that the carry calls, the job and a rerun of a short
@@ -56,7 +57,7 @@ DEVICE_BUDGET_S = 15 * 60
 JOB_SECONDS = 420
 OVER_BUDGET: dict[str, str] = {}  # job -> why it cannot finish in a task's device time (none now: the
 # round is re-planned to ~7 minutes of job plus the carry calls, drafts/smollm2-135m-head/RECIPE.md)
-ROUND_RECIPE = "drafts/smollm2-135m-head/round-gpu.toml"
+ROUND_RECIPE = "drafts/smollm2-135m-head/round-gpu.toml"  # its prompts are round-gpu-eagle3.toml's too (same seed, source)
 ROUND_PROMPTS = "round-prompts.jsonl.gz"  # made here: the device lacks the documents the chat prompts use
 
 

@@ -298,6 +298,9 @@ case "$*" in
   *"import sys, torch"*) echo "python 3.12 | torch 2.11 | transformers 5.24.0" ;;
   *opttree.bench*) out=""; prev=""; for a in "$@"; do [ "$prev" = --out ] && out=$a; prev=$a; done
     mkdir -p "$out/answers"; echo "| method | speed |" > "$out/summary.md"; echo "{}" > "$out/answers/plain.jsonl" ;;
+  *"opttree.distill.recipes.resident"*"round-gpu-eagle3.toml"*) mkdir -p "$OPTTREE_KIT/head-next"
+    for f in config.json training.json round.json; do echo "$f" > "$OPTTREE_KIT/head-next/$f"; done
+    head -c $((20 * 1024 * 1024)) /dev/urandom > "$OPTTREE_KIT/head-next/model.safetensors" ;;  # over 16 MiB
   *"opttree.distill.recipes.resident"*) mkdir -p "$OPTTREE_KIT/head-next"
     for f in model.safetensors opttree_draft.json training.json round.json; do
       echo "$f" > "$OPTTREE_KIT/head-next/$f"; done ;;
@@ -309,7 +312,8 @@ esac
 @pytest.mark.parametrize("job,comes_back", [
     ("tests", ["tests.log"]),
     ("bench", ["bench-summary.md", "bench.log", "bench.tar.gz"]),
-    ("round", ["head-next.tar.gz", "round.log"]),
+    ("round", ["head-next.tar.gz", "model.safetensors.part00", "model.safetensors.part01", "round.log"]),
+    ("round head", ["head-next.tar.gz", "round.log"]),
 ])
 def test_each_job_runs_its_command_and_sends_back_few_files(tmp_path, job, comes_back):
     device, out, bin_dir = tmp_path / "kit", tmp_path / "out", tmp_path / "bin"
@@ -320,8 +324,8 @@ def test_each_job_runs_its_command_and_sends_back_few_files(tmp_path, job, comes
     (bin_dir / "python3").write_text(FAKE_PYTHON)
     (bin_dir / "python3").chmod(0o755)
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "OPTTREE_KIT": str(device), "OUT": str(out)}
-    result = subprocess.run(["bash", str(ROOT / "scripts" / "device_job.sh"), job], capture_output=True, text=True,
-                            env=env)
+    result = subprocess.run(["bash", str(ROOT / "scripts" / "device_job.sh"), *job.split()], capture_output=True,
+                            text=True, env=env)
     assert result.returncode == 0, result.stderr
     assert sorted(p.name for p in out.iterdir()) == comes_back
     calls = (device / "calls.txt").read_text()
@@ -335,11 +339,19 @@ def test_each_job_runs_its_command_and_sends_back_few_files(tmp_path, job, comes
         assert all("--methods plain,plain-compiled,assisted,assisted-compiled,opttree " in r for r in runs)
         assert all("--opttree nodes=16,compiled=1 --opttree nodes=32,compiled=1" in r for r in runs)
         assert (out / "bench-summary.md").read_text().count("| method | speed |") == 2
-    if job == "round":  # issue 34: one call, everything in memory, the kit's prompts, a clock of its own
-        assert ("-m opttree.distill.recipes.resident --recipe drafts/smollm2-135m-head/round-gpu.toml "
+    if job.startswith("round"):  # issue 34: one call, everything in memory, the kit's prompts, a clock of its own
+        recipe = "round-gpu.toml" if job == "round head" else "round-gpu-eagle3.toml"  # issue 51.c: EAGLE-3 first
+        assert (f"-m opttree.distill.recipes.resident --recipe drafts/smollm2-135m-head/{recipe} "
                 f"--prompts {device}/round-prompts.jsonl.gz --out {device}/head-next --device cuda --seconds ") in calls
         listed = subprocess.run(["tar", "-tzf", str(out / "head-next.tar.gz")], capture_output=True, text=True).stdout
-        assert "head-next/model.safetensors" in listed and "head-next/round.json" in listed
+        assert "head-next/round.json" in listed and "head-next/training.json" in listed
+    if job == "round head":
+        assert "head-next/model.safetensors" in listed and "head-next/opttree_draft.json" in listed
+    if job == "round":  # the EAGLE-3 folder's 20 MiB of weights come back in two pieces that join to the same bytes
+        assert "head-next/config.json" in listed and "head-next/model.safetensors" not in listed
+        joined = b"".join((out / f"model.safetensors.part0{i}").read_bytes() for i in (0, 1))
+        assert joined == (device / "head-next" / "model.safetensors").read_bytes()
+        assert hashlib.sha256(joined).hexdigest() in (out / "round.log").read_text()
 
 
 def test_the_round_job_refuses_a_kit_without_its_prompts(tmp_path):
@@ -350,6 +362,22 @@ def test_the_round_job_refuses_a_kit_without_its_prompts(tmp_path):
     result = subprocess.run(["bash", str(ROOT / "scripts" / "device_job.sh"), "round"], capture_output=True,
                             text=True, env=env)
     assert result.returncode == 2 and "pack --job round" in result.stderr
+    (device / "round-prompts.jsonl.gz").write_bytes(b"")
+    result = subprocess.run(["bash", str(ROOT / "scripts" / "device_job.sh"), "round", "eagle2"], capture_output=True,
+                            text=True, env=env)
+    assert result.returncode == 2 and "round [eagle3|head]: no round 'eagle2'" in result.stderr
+
+
+def test_both_rounds_answer_the_prompts_the_kit_carries():
+    """The kit writes its prompts from round-gpu.toml; the EAGLE-3 round reads the same file, so its
+    recipe must draw the same prompts: the same seed and answers source (what round_prompts reads)."""
+    from opttree.distill.recipes.recipe import load_recipe
+    from opttree.distill.recipes.resident import round_source
+
+    head = load_recipe(ROOT / "drafts/smollm2-135m-head/round-gpu.toml")
+    eagle3 = load_recipe(ROOT / "drafts/smollm2-135m-head/round-gpu-eagle3.toml")
+    assert eagle3.kind == "eagle3" and head.kind == "head"
+    assert (eagle3.seed, round_source(eagle3), eagle3.base) == (head.seed, round_source(head), head.base)
 
 
 @pytest.mark.real_model

@@ -113,9 +113,14 @@ def feature_probe(target, tokens: int, layers: tuple[int, ...], topk: int, bf16:
 
 
 def train_probe(target, cfg, tokens: int, bf16: bool) -> Callable[[], object]:
-    """One optimizer step of a head shaped as ``cfg`` (HeadTrainConfig) on a random batch of
-    ``tokens`` positions (rows of ``cfg.max_len``), as training runs it."""
+    """One optimizer step of a head shaped as ``cfg`` (HeadTrainConfig; an Eagle3TrainConfig: an
+    EAGLE-3 head's step, :func:`~..eagle3.train.step_probe`) on a random batch of ``tokens``
+    positions (rows of ``cfg.max_len``), as training runs it."""
+    from ..eagle3.train import Eagle3TrainConfig, step_probe
     from ..train.head_data import FeatureBatch
+
+    if isinstance(cfg, Eagle3TrainConfig):
+        return step_probe(target, cfg, tokens, bf16)
     from ..train.head import new_head
     from ..train.head_train import head_optimizer, kept_index, train_step
 

@@ -5,6 +5,7 @@ A TOML file (example: ``drafts/smollm2-135m-head/recipe.toml``)::
     name = "my-head"
     seed = 0
     target = "smollm2"            # "smollm2" (opttree.smollm2), or an HF / GGUF folder
+    kind = "head"                 # "head": opttree's feature head; "eagle3": a head in the EAGLE-3 layout
 
     [[source]]                    # repeatable; each is cached in <cache>/sources/<name>
     name = "docs"
@@ -36,6 +37,12 @@ A TOML file (example: ``drafts/smollm2-135m-head/recipe.toml``)::
     # num_layers, feature_layers, ...
 
 The last stage is the shipped draft (copied to ``--out``).
+
+``kind = "eagle3"`` trains a head in the EAGLE-3 layout itself (:mod:`opttree.distill.eagle3`), whose
+folder vLLM and SGLang read as it is: ``[features] layers`` must be the target's default taps
+(2, L//2, L-3; checked against the target when the recipe runs), a stage's fields are
+:class:`~opttree.distill.eagle3.train.Eagle3TrainConfig`'s (``draft_vocab_size``, ``unroll``, ...;
+a feature-head field is refused by name) and its ``init`` an EAGLE-3 folder.
 """
 
 from __future__ import annotations
@@ -47,7 +54,11 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..eagle3.train import Eagle3TrainConfig
 from ..train.head_train import HeadTrainConfig
+
+KINDS = {"head": HeadTrainConfig, "eagle3": Eagle3TrainConfig}  # the recipe's kind -> its stages' training config
+TOP_KEYS = {"name", "seed", "target", "kind", "source", "features", "stage"}
 
 
 @dataclass(frozen=True)
@@ -79,7 +90,7 @@ class Stage:
     init: str = ""  # "" new head, "^" the previous stage, else a head folder (relative to the recipe)
     sources: tuple[str, ...] = ()  # () = all
     minutes: float | None = None
-    train: dict = field(default_factory=dict)  # HeadTrainConfig fields
+    train: dict = field(default_factory=dict)  # the kind's training config fields (KINDS)
 
 
 @dataclass(frozen=True)
@@ -91,14 +102,15 @@ class Recipe:
     features: FeatureSpec
     stages: tuple[Stage, ...]
     base: Path  # the recipe file's folder: relative paths in it start there
+    kind: str = "head"  # a key of KINDS
 
-    def train_config(self, stage: Stage) -> HeadTrainConfig:
+    def train_config(self, stage: Stage) -> HeadTrainConfig | Eagle3TrainConfig:
         fields = dict(stage.train)
         fields.setdefault("seed", self.seed)
         fields.setdefault("max_len", min(512, self.features.max_len))
         if "feature_layers" in fields:
             fields["feature_layers"] = tuple(fields["feature_layers"])
-        return HeadTrainConfig(**fields, max_minutes=stage.minutes)
+        return KINDS[self.kind](**fields, max_minutes=stage.minutes)
 
     def source(self, name: str) -> Source:
         return next(s for s in self.sources if s.name == name)
@@ -117,6 +129,9 @@ def _only(cls, raw: dict, where: str) -> dict:
 
 def parse_recipe(raw: dict, base: Path) -> Recipe:
     """A :class:`Recipe` from the TOML's dict; unknown keys are errors (a typo must not pass)."""
+    unknown = sorted(set(raw) - TOP_KEYS)
+    if unknown:
+        raise ValueError(f"unknown top-level keys {unknown} (known: {sorted(TOP_KEYS)})")
     seed = int(raw.get("seed", 0))
     sources = tuple(Source(**_only(Source, s, f"source {s.get('name')}")) for s in raw.get("source", []))
     names = [s.name for s in sources]
@@ -129,24 +144,31 @@ def parse_recipe(raw: dict, base: Path) -> Recipe:
     if "layers" in feats:
         feats["layers"] = tuple(feats["layers"])
     features = FeatureSpec(**_only(FeatureSpec, feats, "features"))
+    kind = str(raw.get("kind", "head"))
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {sorted(KINDS)}, not {kind!r}")
     stages = []
-    train_fields = {f.name for f in dataclasses.fields(HeadTrainConfig)} - {"max_minutes"}
+    train_fields = {f.name for f in dataclasses.fields(KINDS[kind])} - {"max_minutes"}
     for s in raw.get("stage", []):
         s = dict(s)
         head = {k: s.pop(k) for k in list(s) if k in train_fields}
-        s = _only(Stage, s, f"stage {s.get('name')}")
+        stage_fields = {f.name for f in dataclasses.fields(Stage)} - {"train"}
+        unknown = sorted(set(s) - stage_fields)
+        if unknown:
+            raise ValueError(f"stage {s.get('name')}: unknown keys {unknown} for a recipe of kind {kind!r} (a stage "
+                             f"takes {sorted(stage_fields)} and {KINDS[kind].__name__}'s fields: {sorted(train_fields)})")
         stage = Stage(**{**s, "sources": tuple(s.get("sources", ())), "train": head})
         missing = set(stage.sources) - set(names)
         if missing:
             raise ValueError(f"stage {stage.name}: unknown sources {sorted(missing)}")
-        want = tuple(head.get("feature_layers", (-1,)))
+        want = tuple(head.get("feature_layers", (-1,))) if kind == "head" else ()
         if any(i not in features.layers for i in want):
             raise ValueError(f"stage {stage.name} reads target layers {want}; [features] layers keeps {features.layers}")
         stages.append(stage)
     if not stages:
         raise ValueError("a recipe needs at least one [[stage]]")
     return Recipe(raw.get("name", "draft"), str(raw.get("target", "smollm2")), seed, sources, features,
-                  tuple(stages), base)
+                  tuple(stages), base, kind)
 
 
 def load_recipe(path: str | Path) -> Recipe:

@@ -25,14 +25,15 @@ import torch
 from .precision import PrecisionChoice
 from .recipe import Recipe, Source, Stage, fingerprint
 from ..data.shards import load_records, save_records, sha256, shard_name, shard_paths
-from .stages import ship_head, stage_init, train_stage
+from .stages import check_kind, ship_head, shipped_files, stage_init, train_stage
 
 logger = logging.getLogger("opttree.distill")
 STAGE_FILE = "stage.json"
 
 
 def load_recipe_target(recipe: Recipe, device: str):
-    """``(target, tokenizer)`` named by the recipe, fp32, on ``device``."""
+    """``(target, tokenizer)`` named by the recipe, fp32, on ``device`` (an eagle3 recipe's features
+    checked against its layers: :func:`.stages.check_kind`)."""
     if recipe.target == "smollm2":
         from ...smollm2 import load_smollm2
 
@@ -42,6 +43,7 @@ def load_recipe_target(recipe: Recipe, device: str):
 
         path = Path(recipe.target)
         target, tokenizer = load_target(path if path.is_absolute() else recipe.base / path)
+    check_kind(recipe, target)
     return target.to(device).eval(), tokenizer
 
 
@@ -248,7 +250,7 @@ def run_recipe(recipe: Recipe, cache: str | Path, out: str | Path | None, device
     _write(cache, manifest)
     if out is not None:
         out = Path(out)
-        ship_head(previous, out)
+        ship_head(previous, out, shipped_files(recipe))
         (out / "data_manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
 

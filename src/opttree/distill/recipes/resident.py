@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from .recipe import Recipe, Source, load_recipe
-from .stages import ship_head, stage_init, train_stage
+from .stages import ship_head, shipped_files, stage_init, train_stage
 
 logger = logging.getLogger("opttree.distill")
 
@@ -197,7 +197,7 @@ def run_round(recipe: Recipe, out: str | Path, device: str, budget: Budget, prom
         summary = train_stage(target, tokenizer, train, folder, cfg, stage_init(recipe, stage, previous), val_records=val)
         timings.stages[stage.name] = {**summary, "minutes_given": round(minutes, 2)}
         previous = folder
-    ship_head(previous, out)
+    ship_head(previous, out, shipped_files(recipe))
     shutil.rmtree(work, ignore_errors=True)
     timings.total_s = round(time.time() - start, 1)
     report = {"recipe": recipe.name, **asdict(timings), "rates": timings.rates()}
