@@ -12,7 +12,7 @@ runtime's :class:`~opttree.drafters.head.eagle.EagleHead`, its folder what
 - :mod:`.train`: the training loop (a new head or an EAGLE-3 folder's, resumable from a checkpoint),
   its precision probe and the folder; imports :mod:`opttree.loading.eagle_export`,
   :mod:`opttree.loading.eagle_folder`, :mod:`opttree.drafters.head.eagle`, :mod:`opttree.hf.width`,
-  :mod:`opttree.distill.data.shards`, :mod:`opttree.distill.train.checkpoint`,
+  :mod:`opttree.distill.train.checkpoint`,
   :mod:`opttree.distill.train.head_data`, :mod:`opttree.distill.train.head_loss`,
   :mod:`opttree.distill.train.head_train`, :mod:`opttree.distill.train.shared`, :mod:`.head`, :mod:`.unroll`,
   :mod:`.vocab`. A recipe's stages train with it (``kind = "eagle3"``, :mod:`opttree.distill.recipes`).

@@ -18,7 +18,6 @@ The folder written is the head at the end of the run (EAGLE-3 keeps its last wei
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
@@ -32,12 +31,10 @@ import torch
 from ...drafters.head.eagle import EAGLE3, default_taps
 from ...hf.width import text_config
 from ...loading.eagle_export import export_draft
-from ..data.shards import sha256
-from ..train.checkpoint import (TrainState, capture_rng, load_optimizer_tensors, load_train_state, optimizer_tensors,
-                                restore_rng, rng_from_json, rng_to_json, save_train_state)
+from ..train.checkpoint import load_train_state, resume, rng_from_json, rng_to_json, save_train_state, snapshot
 from ..train.head_data import chunks, make_batch, token_batches
 from ..train.head_loss import kept_index
-from ..train.head_train import EXECUTION_FIELDS, fitted_steps
+from ..train.head_train import fitted_steps, run_key
 from ..train.shared import lr_at, split_records
 from .head import new_eagle3_head
 from .unroll import batch_loss, paired
@@ -130,15 +127,6 @@ def start_head(target, train_records: list[dict], cfg: Eagle3TrainConfig, init: 
     return head.float().train()
 
 
-def run_key(cfg: Eagle3TrainConfig, pieces: list[dict], val: list[dict], init: str | Path | None) -> str:
-    """What a checkpoint belongs to: the settings that shape the result, the data's size and the init."""
-    settings = {k: v for k, v in asdict(cfg).items() if k not in EXECUTION_FIELDS}
-    sizes = [len(pieces), sum(len(r["input_ids"]) for r in pieces), len(val), sum(len(r["input_ids"]) for r in val)]
-    start = sha256(Path(init) / "model.safetensors") if init else ""  # by content: folders move between machines
-    text = json.dumps({"settings": settings, "sizes": sizes, "init": start}, sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
 def train_eagle3(target, records: list[dict], out: str | Path, cfg: Eagle3TrainConfig, marker: list[int] = (),
                  init: str | Path | None = None, val_records: list[dict] | None = None,
                  checkpoint_dir: str | Path | None = None) -> Eagle3Result:
@@ -167,22 +155,15 @@ def train_eagle3(target, records: list[dict], out: str | Path, cfg: Eagle3TrainC
         extra = {"initial": agreement(head, val, cfg, full_to_kept) if val else [], "losses": [], "tokens": 0,
                  "finished": False}
     else:
-        head.load_state_dict(state.model)
-        load_optimizer_tensors(optimizer, state.optimizer)
-        restore_rng(state, rng, head.device)
-        step, total, offset, epoch_rng, elapsed = (state.step, state.total, state.epoch_offset, state.epoch_rng,
-                                                   state.elapsed_seconds)
-        extra = state.extra
+        step, total, offset, epoch_rng, elapsed, extra = resume(state, head, optimizer, rng, head.device)
         logger.info("eagle3: resumed from %s at step %d/%d", checkpoint_dir, step, total)
     start = time.time() - elapsed
 
     def checkpoint(finished: bool = False) -> None:
         if checkpoint_dir is not None:
             extra["finished"] = finished
-            save_train_state(TrainState(
-                key=key, step=step, total=total, model=head.state_dict(), optimizer=optimizer_tensors(optimizer),
-                epoch_rng=epoch_rng, epoch_offset=offset, elapsed_seconds=time.time() - start, extra=extra,
-                **capture_rng(rng, head.device)), checkpoint_dir)
+            save_train_state(snapshot(key, step, total, head, optimizer, epoch_rng, offset, time.time() - start, extra,
+                                      rng, head.device), checkpoint_dir)
 
     while step < total and not extra["finished"]:
         if epoch_rng is None:  # a new epoch: its batch order is drawn from this state

@@ -133,6 +133,25 @@ def capture_rng(rng: random.Random, device: torch.device) -> dict:
     return {"torch_rng": torch.get_rng_state(), "cuda_rng": cuda, "python_rng": rng_to_json(rng.getstate())}
 
 
+def resume(state: TrainState, model: torch.nn.Module, optim: torch.optim.Optimizer, rng: random.Random,
+           device: torch.device) -> tuple[int, int, int, list | None, float, dict]:
+    """Put ``state`` back into ``model``, ``optim`` and the RNGs; returns where the loop stood:
+    (step, total, epoch offset, epoch RNG state, elapsed seconds, the loop's extra)."""
+    model.load_state_dict(state.model)
+    load_optimizer_tensors(optim, state.optimizer)
+    restore_rng(state, rng, device)
+    return state.step, state.total, state.epoch_offset, state.epoch_rng, state.elapsed_seconds, state.extra
+
+
+def snapshot(key: str, step: int, total: int, model: torch.nn.Module, optim: torch.optim.Optimizer,
+             epoch_rng: list | None, offset: int, elapsed: float, extra: dict, rng: random.Random,
+             device: torch.device) -> TrainState:
+    """The :class:`TrainState` of a loop at ``step`` (what :func:`resume` puts back)."""
+    return TrainState(key=key, step=step, total=total, model=model.state_dict(), optimizer=optimizer_tensors(optim),
+                      epoch_rng=epoch_rng, epoch_offset=offset, elapsed_seconds=elapsed, extra=extra,
+                      **capture_rng(rng, device))
+
+
 def restore_rng(state: TrainState, rng: random.Random, device: torch.device) -> None:
     """Set the torch RNGs and ``rng`` to what ``state`` captured."""
     torch.set_rng_state(state.torch_rng)

@@ -39,8 +39,7 @@ from torch import nn
 
 from ...drafters.head.feature_head import FeatureHead
 from .head_data import FeatureBatch, chunks, make_batch, pieces, token_batches
-from .checkpoint import (TrainState, capture_rng, load_optimizer_tensors, load_train_state, optimizer_tensors,
-                         restore_rng, rng_from_json, rng_to_json, save_train_state)
+from .checkpoint import load_train_state, resume, rng_from_json, rng_to_json, save_train_state, snapshot
 from ...loading.head_file import HeadMeta, save_head
 from .head import continued_head, grown, new_head, widened, with_trained_rows
 from .head_loss import kept_index, pass_loss, unrolled
@@ -161,8 +160,9 @@ def train_step(head: FeatureHead, optim: torch.optim.Optimizer, batch: FeatureBa
 EXECUTION_FIELDS = ("bf16", "checkpoint_every")
 
 
-def run_key(cfg: HeadTrainConfig, train: list[dict], val: list[dict], init: str | Path | None) -> str:
-    """What a checkpoint belongs to: the settings that shape the result, the data's size and the init."""
+def run_key(cfg, train: list[dict], val: list[dict], init: str | Path | None) -> str:
+    """What a checkpoint belongs to: the settings that shape the result (``cfg``: a trainer's config
+    dataclass, this one's or the EAGLE-3 head's), the data's size and the init."""
     settings = {k: v for k, v in asdict(cfg).items() if k not in EXECUTION_FIELDS}
     sizes = [len(train), sum(len(r["input_ids"]) for r in train), len(val), sum(len(r["input_ids"]) for r in val)]
     start = sha256(Path(init) / "model.safetensors") if init else ""  # by content: folders move between machines
@@ -215,12 +215,7 @@ def train_head(target, records: list[dict], out_dir: str | Path, cfg: HeadTrainC
         step, total, offset, epoch_rng, elapsed = 0, planned, 0, None, 0.0
         extra = {"best": -1.0, "best_agree": initial, "initial": initial, "running": 0.0, "finished": False}
     else:
-        head.load_state_dict(state.model)
-        load_optimizer_tensors(optim, state.optimizer)
-        restore_rng(state, rng, head.device)
-        step, total, offset, epoch_rng, elapsed = (state.step, state.total, state.epoch_offset, state.epoch_rng,
-                                                   state.elapsed_seconds)
-        extra = state.extra
+        step, total, offset, epoch_rng, elapsed, extra = resume(state, head, optim, rng, head.device)
         logger.info("resumed from %s at step %d/%d", checkpoint_dir, step, total)
     start = time.time() - elapsed
 
@@ -228,10 +223,8 @@ def train_head(target, records: list[dict], out_dir: str | Path, cfg: HeadTrainC
         if checkpoint_dir is None:
             return
         extra["finished"] = finished
-        save_train_state(TrainState(
-            key=key, step=step, total=total, model=head.state_dict(), optimizer=optimizer_tensors(optim),
-            epoch_rng=epoch_rng, epoch_offset=offset, elapsed_seconds=time.time() - start, extra=extra,
-            **capture_rng(rng, head.device)), checkpoint_dir)
+        save_train_state(snapshot(key, step, total, head, optim, epoch_rng, offset, time.time() - start, extra, rng,
+                                  head.device), checkpoint_dir)
 
     def evaluate() -> None:
         agree = agreement(head, val, cfg.unroll)
