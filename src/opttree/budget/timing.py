@@ -159,15 +159,15 @@ def warm_then_time(rig: "VerifyRig", n: int, most: int = 4) -> tuple[float, int]
     choosing or packing (:func:`opttree.kernels.linears.preparing` unchanged), at most SETTLE_FORWARDS.
     The fastest after the first is the timed one: SmolLM2 at 16 rows in float32 on a Zen 4 took
     0.3-0.7 s a forward while its kernels chose and packed, 0.1 s after."""
-    runs, clean = [], []
+    runs = []
     while True:
         before = linears.preparing()
         runs.append(rig.run(n))
-        clean.append(linears.preparing() == before)
+        clean = linears.preparing() == before
         if len(runs) < 2:
             continue
         faster = len(runs) < most and runs[-1] < 0.8 * runs[-2]
-        choosing = len(runs) < SETTLE_FORWARDS and not clean[-1]
+        choosing = len(runs) < SETTLE_FORWARDS and not clean
         if not (faster or choosing):
             return min(runs[1:]), len(runs)
 

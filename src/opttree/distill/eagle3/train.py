@@ -90,6 +90,24 @@ def passes_loss(head, p, cfg: Eagle3TrainConfig, full_to_kept: torch.Tensor):
         return batch_loss(head, p, cfg.unroll, full_to_kept, cfg.decay, cfg.answers_only)
 
 
+def new_optimizer(head, lr: float) -> torch.optim.Optimizer:
+    """EAGLE-3's AdamW: betas (0.9, 0.95), no weight decay."""
+    return torch.optim.AdamW(head.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+
+
+def train_step(head, optimizer: torch.optim.Optimizer, p, cfg: Eagle3TrainConfig, full_to_kept: torch.Tensor,
+               lr: float) -> torch.Tensor:
+    """One optimizer step at learning rate ``lr``, gradients clipped to 0.5; the loss (detached)."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    loss, _ = passes_loss(head, p, cfg, full_to_kept)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(head.parameters(), 0.5)
+    optimizer.step()
+    return loss.detach()
+
+
 @torch.no_grad()
 def agreement(head, pieces: list[dict], cfg: Eagle3TrainConfig, full_to_kept: torch.Tensor) -> list[float]:
     """Per pass, how often the head's argmax is the target's greedy token (over the scored entries)."""
@@ -147,7 +165,7 @@ def train_eagle3(target, records: list[dict], out: str | Path, cfg: Eagle3TrainC
     planned = max(1, math.ceil(per_epoch * cfg.epochs))
     if cfg.max_steps:
         planned = min(planned, cfg.max_steps)
-    optimizer = torch.optim.AdamW(head.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    optimizer = new_optimizer(head, cfg.lr)
     key = run_key(cfg, pieces, val, init)
     state = load_train_state(checkpoint_dir, key) if checkpoint_dir is not None else None
     if state is None:
@@ -175,23 +193,17 @@ def train_eagle3(target, records: list[dict], out: str | Path, cfg: Eagle3TrainC
                 total = step
                 break
             p = paired(make_batch([pieces[i] for i in batch_ids], head.device))
-            for group in optimizer.param_groups:
-                group["lr"] = lr_at(step, total, cfg)
-            loss, _ = passes_loss(head, p, cfg, full_to_kept)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(head.parameters(), 0.5)
-            optimizer.step()
+            loss = train_step(head, optimizer, p, cfg, full_to_kept, lr_at(step, total, cfg))
             step, offset = step + 1, offset + 1
-            extra["losses"].append(float(loss.detach()))
+            extra["losses"].append(float(loss))
             extra["tokens"] += int(p.valid.sum())
-            if cfg.eval_every and step % cfg.eval_every == 0:
-                if val:
-                    logger.info("eagle3 step %d/%d loss %.3f val agreement by depth %s", step, total,
-                                extra["losses"][-1], " ".join(f"{a:.3f}" for a in agreement(head, val, cfg, full_to_kept)))
-                if cfg.max_minutes and step > cfg.warmup_steps:  # re-fit as start-up costs amortise
-                    total = fitted_steps(step, time.time() - start, planned, cfg.max_minutes, total)
-            if (cfg.eval_every and step % cfg.eval_every == 0) or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0):
+            evaluated = bool(cfg.eval_every) and step % cfg.eval_every == 0
+            if evaluated and val:
+                logger.info("eagle3 step %d/%d loss %.3f val agreement by depth %s", step, total,
+                            extra["losses"][-1], " ".join(f"{a:.3f}" for a in agreement(head, val, cfg, full_to_kept)))
+            if evaluated and cfg.max_minutes and step > cfg.warmup_steps:  # re-fit as start-up costs amortise
+                total = fitted_steps(step, time.time() - start, planned, cfg.max_minutes, total)
+            if evaluated or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0):
                 checkpoint()
         else:
             epoch_rng = None  # the epoch ran to its end
@@ -224,15 +236,8 @@ def step_probe(target, cfg: Eagle3TrainConfig, tokens: int, bf16: bool):
         topk_logits=torch.randn(rows, length, k, generator=g).sort(-1, descending=True).values,
         answer=torch.ones(rows, length, dtype=torch.bool)).to(head.device)
     p, step_cfg, full_to_kept = paired(batch), Eagle3TrainConfig(**{**asdict(cfg), "bf16": bf16}), kept_index(head)
-    optimizer = torch.optim.AdamW(head.parameters(), lr=1e-6, betas=(0.9, 0.95), weight_decay=0.0)
-
-    def step():
-        loss, _ = passes_loss(head, p, step_cfg, full_to_kept)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        return loss.item()
-    return step
+    optimizer = new_optimizer(head, 1e-6)
+    return lambda: train_step(head, optimizer, p, step_cfg, full_to_kept, 1e-6).item()
 
 
 def save_eagle3(head, out: str | Path, dtype: str = "float16", training: dict | None = None) -> Path:
@@ -246,4 +251,4 @@ def save_eagle3(head, out: str | Path, dtype: str = "float16", training: dict | 
 
 
 __all__ = ["Eagle3Result", "Eagle3TrainConfig", "HEAD_FILES", "TRAINING_FILE", "agreement", "passes_loss",
-           "save_eagle3", "start_head", "step_probe", "taps_records", "train_eagle3"]
+           "new_optimizer", "save_eagle3", "start_head", "step_probe", "taps_records", "train_eagle3", "train_step"]
