@@ -6,6 +6,7 @@ false and true), written by tests/eagle_folders.py:
 - speculators' `Eagle3DraftModel` (eager attention) and opttree draft q at depths 1 and 2 from the same
   target hidden states: max |dq| must be <= 1e-5;
 - the converter's folder loads back into opttree with bit-identical q.
+Negative control: a folder converted with norm_before_residual flipped must move speculators' q by > 1e-3.
 Exit status 1 when any check fails."""
 
 from __future__ import annotations
@@ -76,24 +77,42 @@ def speculators_q(model: Eagle3DraftModel, target, ids: torch.Tensor, best: int)
     return out[0], out[1]
 
 
-def check(work: Path, target_dir: Path, target, spelling: str, before: bool) -> tuple[float, bool]:
-    name = f"{spelling.rstrip('.')}-nbr{int(before)}"
-    source = write_eagle3(work / name, target, spelling=spelling, norm_before_residual=before)
-    converted = work / f"{name}-converted"
-    Eagle3Converter().convert(source, converted, base_model=str(target_dir), norm_before_residual=before)
-    theirs = load_speculators(converted)
-    ours, back = opttree.load_draft(source, target), opttree.load_draft(converted, target)
-    worst, exact = 0.0, True
+def max_dq(ours, theirs, target) -> float:
+    worst = 0.0
     for seed in range(3):
         ids = prompt(seed)
         q1, q2 = opttree_q(ours, target, ids)
         s1, s2 = speculators_q(theirs, target, ids, int(q1.argmax()))
         worst = max(worst, float((q1 - s1).abs().max()), float((q2 - s2).abs().max()))
-        exact &= all(torch.equal(a, b) for a, b in zip((q1, q2), opttree_q(back, target, ids)))
+    return worst
+
+
+def reloads_exactly(ours, back, target) -> bool:
+    return all(torch.equal(a, b) for seed in range(3)
+               for a, b in zip(opttree_q(ours, target, prompt(seed)), opttree_q(back, target, prompt(seed))))
+
+
+def check(work: Path, target_dir: Path, target, spelling: str, before: bool) -> tuple[float, bool]:
+    name = f"{spelling.rstrip('.')}-nbr{int(before)}"
+    source = write_eagle3(work / name, target, spelling=spelling, norm_before_residual=before)
+    converted = work / f"{name}-converted"
+    Eagle3Converter().convert(source, converted, base_model=str(target_dir), norm_before_residual=before)
+    ours, back = opttree.load_draft(source, target), opttree.load_draft(converted, target)
+    worst, exact = max_dq(ours, load_speculators(converted), target), reloads_exactly(ours, back, target)
     ok = worst <= TOLERANCE and exact
     print(f"speculators {name:14s} max|dq| depth 1-2 {worst:.2e} (<= {TOLERANCE:g}), "
           f"converted folder reloads bit-identical: {exact}  {'OK' if ok else 'FAIL'}", flush=True)
     return worst, ok
+
+
+def control(work: Path, target_dir: Path, target) -> bool:
+    """The check can fail: a folder converted with norm_before_residual flipped drafts other q."""
+    source = write_eagle3(work / "control", target)
+    Eagle3Converter().convert(source, work / "control-converted", base_model=str(target_dir), norm_before_residual=True)
+    moved = max_dq(opttree.load_draft(source, target), load_speculators(work / "control-converted"), target)
+    print(f"speculators control: norm_before_residual flipped in the conversion moves q by {moved:.2e} (> 1e-3)  "
+          f"{'OK' if moved > 1e-3 else 'FAIL'}", flush=True)
+    return moved > 1e-3
 
 
 def main() -> int:
@@ -103,8 +122,9 @@ def main() -> int:
         work = Path(tmp)
         target.save_pretrained(work / "target")
         results = [check(work, work / "target", target, spelling, before) for spelling, before in CASES]
+        caught = control(work, work / "target", target)
     worst = max(r[0] for r in results)
-    failed = sum(not r[1] for r in results)
+    failed = sum(not r[1] for r in results) + (not caught)
     print(f"speculators: {len(results) - failed}/{len(results)} layouts agree, max|dq| {worst:.2e}", flush=True)
     return 1 if failed else 0
 
