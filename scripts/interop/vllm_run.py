@@ -1,8 +1,8 @@
 """vLLM-CPU's side of scripts/interop.sh (run in its own venv, with the environment the script sets).
 
 Serves TARGET with the EAGLE-3 head HEAD (k speculative tokens), greedy, on the prompts' token ids, and
-writes per-position acceptance (accepted at position i / drafts, from vLLM's own `vllm:spec_decode_*`
-counters, after a warm-up request) and each prompt's output ids as JSON.
+writes, per prompt, the drafts and the drafts accepted at each position (from vLLM's own cumulative
+`vllm:spec_decode_*` counters, read around each request, after a warm-up one) and the output ids as JSON.
 usage: vllm_run.py TARGET HEAD PROMPTS.json DTYPE K MAX_TOKENS OUT.json"""
 
 from __future__ import annotations
@@ -30,17 +30,17 @@ def main(target: str, head: str, prompts_file: str, dtype: str, k: str, max_toke
               speculative_config={"method": "eagle3", "model": head, "num_speculative_tokens": int(k)})
     params = SamplingParams(temperature=0.0, max_tokens=int(max_tokens))
     llm.generate([TokensPrompt(prompt_token_ids=prompts[0])], params, use_tqdm=False)  # warm-up
-    before = counters(llm)
-    outputs = []
+    drafts, accepted, outputs = [], [], []
     for ids in prompts:  # one at a time: each request alone in the batch, as opttree decodes it
+        before = counters(llm)
         result = llm.generate([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)[0]
+        after = counters(llm)
         outputs.append(list(result.outputs[0].token_ids))
-    after = counters(llm)
-    drafts = after["vllm:spec_decode_num_drafts"] - before["vllm:spec_decode_num_drafts"]
-    per_pos_key = "vllm:spec_decode_num_accepted_tokens_per_pos"
-    accepted = [a - b for a, b in zip(after[per_pos_key], before[per_pos_key])]
+        drafts.append(after["vllm:spec_decode_num_drafts"] - before["vllm:spec_decode_num_drafts"])
+        per_pos = "vllm:spec_decode_num_accepted_tokens_per_pos"
+        accepted.append([a - b for a, b in zip(after[per_pos], before[per_pos])])
     report = {"engine": "vllm", "dtype": dtype, "k": int(k), "drafts": drafts, "accepted_per_pos": accepted,
-              "acceptance": [a / max(drafts, 1) for a in accepted], "outputs": outputs}
+              "outputs": outputs}  # per prompt
     json.dump(report, open(out_file, "w"))
     return 0
 
