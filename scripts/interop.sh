@@ -87,19 +87,15 @@ run_vllm() {
   "$OPT" scripts/interop/opttree_run.py prompts "$W/smollm2" "${INTEROP_QUESTIONS:-../shared/data/spec_bench_questions.jsonl}" \
     "${INTEROP_PROMPTS:-10}" "$W/prompts.json"
   make_heads
-  mkdir -p "$W/results"
-  for dtype in $dtypes; do
-    for head in taps shifted; do
-      $RUN "$OPT" scripts/interop/opttree_run.py run "$W/smollm2" "$W/export-$head" "$W/prompts.json" "$dtype" "$k" \
-        "$tokens" "$W/results/opttree-$head-$dtype.json" 2>"$W/results/opttree-$head-$dtype.log" &
-      local pid=$!
-      VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=nobind VLLM_ENABLE_V1_MULTIPROCESSING=0 \
-        LD_PRELOAD="$v/lib/libiomp5.so" PYTHONPATH= $RUN "$v/bin/python" scripts/interop/vllm_run.py "$W/smollm2" \
-        "$W/export-$head" "$W/prompts.json" "$dtype" "$k" "$tokens" "$W/results/vllm-$head-$dtype.json" \
-        >"$W/results/vllm-$head-$dtype.log" 2>&1 || { echo "vLLM failed: see $W/results/vllm-$head-$dtype.log"; wait $pid; return 1; }
-      wait $pid || { echo "opttree failed: see $W/results/opttree-$head-$dtype.log"; return 1; }
-      grep -ho "auxiliary layers.*" "$W/results/vllm-$head-$dtype.log" | head -1 | sed "s/^/vllm $head $dtype: /" || true
-    done
+  rm -rf "$W/results" && mkdir -p "$W/results"
+  $RUN bash scripts/interop/runs.sh opttree "$OPT" "$W" "$k" "$tokens" $dtypes &
+  local pid=$!
+  VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=nobind VLLM_ENABLE_V1_MULTIPROCESSING=0 \
+    LD_PRELOAD="$v/lib/libiomp5.so" PYTHONPATH= $RUN bash scripts/interop/runs.sh vllm "$v/bin/python" "$W" "$k" \
+    "$tokens" $dtypes || { wait $pid; return 1; }
+  wait $pid || return 1
+  for log in "$W"/results/vllm-*.log; do  # the taps vLLM says it uses where they are not the default
+    grep -ho "Using auxiliary layers.*" "$log" | head -1 | sed "s|^|$(basename "$log" .log): |" || true
   done
   "$OPT" scripts/interop/compare.py "$W/results" $dtypes
 }

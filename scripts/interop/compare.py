@@ -6,8 +6,9 @@ reads RESULTS_DIR/{vllm,opttree}-{taps,shifted}-DTYPE.json (vllm_run.py's and op
 The engines are compared on the prompts where their greedy outputs are equal (the same texts: in bfloat16
 the two targets part at near-ties, and then the drafts are on other texts); all prompts' figures are printed
 too. Fails (exit 1) when, on those prompts, the engines differ by more than 0.01 at any position, when fewer
-than half the prompts have equal outputs, or when the shifted taps do not move an engine's mean acceptance
-length (1 + the sum over positions, all prompts) by more than 0.02."""
+than half the prompts have equal outputs, or when the shifted taps do not move an engine's acceptance
+(all prompts) at some position by more than 0.01, the tolerance the engines are called equal within: the
+target's greedy text does not depend on the head, so each engine's move is its drafts', not other texts'."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-AGREE, MOVE = 0.01, 0.02
+AGREE = 0.01
 
 
 def read(folder: Path, engine: str, head: str, dtype: str) -> dict:
@@ -56,10 +57,12 @@ def main(folder: str, *dtypes: str) -> int:
             failures += compare(runs, dtype, head)
         for engine in ("vllm", "opttree"):
             every = list(range(len(runs[engine, "taps"]["outputs"])))
-            moved = sum(acceptance(runs[engine, "shifted"], every)) - sum(acceptance(runs[engine, "taps"], every))
-            print(f"{dtype} control: the taps shifted by one layer move {engine}'s tau by {moved:+.4f}")
-            if abs(moved) <= MOVE:
-                failures.append(f"{dtype}: the shifted taps do not move {engine} (by {moved:+.4f})")
+            taps, shifted = acceptance(runs[engine, "taps"], every), acceptance(runs[engine, "shifted"], every)
+            moved = max(abs(a - b) for a, b in zip(taps, shifted))
+            print(f"{dtype} control: the taps shifted by one layer move {engine}'s acceptance by up to {moved:.4f} "
+                  f"per position (> {AGREE}): {show(taps)} -> {show(shifted)}")
+            if moved <= AGREE:
+                failures.append(f"{dtype}: the shifted taps do not move {engine} (by {moved:.4f})")
     for failure in failures:
         print(f"FAIL: {failure}")
     print("vllm: " + ("FAIL" if failures else "OK: the engines agree per position; the shifted taps move both"))
