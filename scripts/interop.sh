@@ -40,7 +40,7 @@ speculators_venv() {
   fi
   for m in openai openai/types openai/types/chat openai/types/completion datasets hs_connectors; do
     mkdir -p "$W/stubs/$m"
-    printf '%s\n' '"""Import-only stub (scripts/interop.sh): speculators imports it; the converter and model never call it."""' \
+    printf '%s\n' '"""Import-only stub (scripts/interop.sh): speculators imports it; nothing here calls it."""' \
       'def __getattr__(name):' '    if name.startswith("__"):' '        raise AttributeError(name)' \
       '    return type(name, (), {})' > "$W/stubs/$m/__init__.py"
   done
@@ -84,8 +84,8 @@ run_vllm() {
   local v k=${INTEROP_K:-3} tokens=${INTEROP_TOKENS:-64} dtypes=${INTEROP_DTYPES:-bfloat16 float32}
   v=$(vllm_venv)
   [ -f "$W/smollm2/model.safetensors" ] || "$OPT" scripts/interop/opttree_run.py target "$W/smollm2"
-  "$OPT" scripts/interop/opttree_run.py prompts "$W/smollm2" "${INTEROP_QUESTIONS:-../shared/data/spec_bench_questions.jsonl}" \
-    "${INTEROP_PROMPTS:-10}" "$W/prompts.json"
+  "$OPT" scripts/interop/opttree_run.py prompts "$W/smollm2" \
+    "${INTEROP_QUESTIONS:-../shared/data/spec_bench_questions.jsonl}" "${INTEROP_PROMPTS:-10}" "$W/prompts.json"
   make_heads
   rm -rf "$W/results" && mkdir -p "$W/results"
   $RUN bash scripts/interop/runs.sh opttree "$OPT" "$W" "$k" "$tokens" $dtypes &

