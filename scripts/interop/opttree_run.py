@@ -27,6 +27,13 @@ from opttree.bench.questions import load_questions, prompt_ids, select_questions
 
 
 def target(folder: str) -> int:
+    try:
+        from opttree.smollm2 import save_smollm2  # opttree's own (issue 57, item 2), where this tree has it
+    except ImportError:
+        save_smollm2 = None
+    if save_smollm2 is not None:
+        save_smollm2(folder)
+        return 0
     from opttree.smollm2 import load_smollm2
 
     model, tokenizer = load_smollm2()  # dequantised from GGUF, copied into a fresh model without quantization_config
