@@ -12,7 +12,7 @@
   as transformers reads it; one mask per type where they differ;
 * :mod:`.sizes`: the few sizes a verification forward is padded to.
 
-The ground floor: imports nothing else of opttree; every other folder may import it.
+May import: nothing else of opttree (the ground floor; every other folder may import it).
 """
 
 from .draft_tree import DraftTree
