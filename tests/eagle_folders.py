@@ -183,7 +183,7 @@ def tree_mask(n: int) -> torch.Tensor:
 
 def reference_q(kind: str, sd: dict, target, prompt: torch.Tensor, broken: str | None = None,
                 embed: torch.Tensor | None = None, norm_before_residual: bool = False,
-                rope=None) -> tuple[torch.Tensor, torch.Tensor, int]:
+                rope=None, taps=None) -> tuple[torch.Tensor, torch.Tensor, int]:
     """The draft's q for the children of the prompt's last token [V], the best of them (a target id),
     and q [V] for that child's children, as EAGLE's topK_genrate drafts them (called with the prompt
     but its last token's features and the prompt's ids: entry j pairs token j + 1 with feature j at
@@ -191,7 +191,8 @@ def reference_q(kind: str, sd: dict, target, prompt: torch.Tensor, broken: str |
 
     broken (negative controls): "taps+1" (layer ids one off), "swap" (hidden before embedding),
     "d2t-absolute" (d2t read as target ids), "pre-norm" (EAGLE-1's feature before the final norm).
-    rope: positions [n] -> (cos, sin) [n, d], a scaled RoPE's (:func:`rotate`)."""
+    rope: positions [n] -> (cos, sin) [n, d], a scaled RoPE's (:func:`rotate`).
+    taps: the ``output_hidden_states`` indices to concatenate, in this order (default 2, L//2, L-3)."""
     ids = prompt[0]
     layers = target.config.num_hidden_layers
     captured = {}
@@ -205,7 +206,7 @@ def reference_q(kind: str, sd: dict, target, prompt: torch.Tensor, broken: str |
     positions = torch.arange(n + 1)
     with torch.no_grad():
         if kind == "eagle3":
-            taps = [2, layers // 2, layers - 3]
+            taps = list(taps) if taps is not None else [2, layers // 2, layers - 3]
             taps = [t + 1 for t in taps] if broken == "taps+1" else taps
             hidden = torch.cat([states[i][0] for i in taps], -1) @ sd["fc.weight"].T  # [n, h]
             vd = sd["lm_head.weight"].shape[0]

@@ -142,7 +142,8 @@ def test_a_target_that_does_not_fit_is_refused_by_name(tmp_path):
         speculative(target_for("llama", layers=9)).generate(prompt(), max_new_tokens=2, draft_model=head)
     ids = [40, 41, 42]  # explicit ids outside the target
     write_eagle3(tmp_path / "ids", target_for("llama"), eagle_config={"eagle_aux_hidden_state_layer_ids": ids})
-    with pytest.raises(ValueError, match="its eagle_aux_hidden_state_layer_ids \\[40, 41, 42\\]"):
+    with pytest.raises(ValueError, match="eagle_config.eagle_aux_hidden_state_layer_ids \\[40, 41, 42\\]: id 40 is "
+                                         "outside this target's 8 layers"):
         opttree.load_draft(tmp_path / "ids", target_for("llama"))
 
 
@@ -360,7 +361,9 @@ def test_export_writes_layer_ids_only_where_they_differ_from_the_default(tmp_pat
     ids = [1, 3, 6]
     folder = write_eagle3(tmp_path / "head", target, eagle_config={"eagle_aux_hidden_state_layer_ids": ids})
     out = opttree.export_draft(opttree.load_draft(folder, target), tmp_path / "out")
-    assert json.loads((out / "config.json").read_text())["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == ids
+    config = json.loads((out / "config.json").read_text())
+    assert config["eagle_aux_hidden_state_layer_ids"] == ids  # vLLM reads the top level first
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 2, 5]  # SGLang adds 1
     assert opttree.load_draft(out, target).c.taps == tuple(ids)
 
 

@@ -3,8 +3,9 @@ read back by :mod:`.eagle_folder` to the same q, bit for bit.
 
 ``layout="eagle3"`` writes ``config.json`` (``LlamaForCausalLMEagle3``, the head's own shapes,
 ``draft_vocab_size``, ``norm_before_residual`` always written, ``target_hidden_size`` where H != h,
-``eagle_config.eagle_aux_hidden_state_layer_ids`` only where the taps differ from the default
-(2, L//2, L-3), as the state entering each layer: vLLM's reading) and ``model.safetensors`` with
+layer ids only where the taps differ from the default (2, L//2, L-3): vLLM's at the top level and
+SGLang's, each less 1, in ``eagle_config`` (:func:`~.layer_ids.written_ids`), the target's layer
+count under ``opttree``) and ``model.safetensors`` with
 ``midlayer.*`` names (SGLang's loader knows only those; vLLM renames them), ``fc``, ``norm``,
 ``lm_head``, ``d2t`` and ``t2d`` (and ``embed_tokens`` where the head has its own); a scaled RoPE's
 fields (``rope_scaling`` or ``rope_parameters``, ``max_position_embeddings``...) as they were read.
@@ -20,8 +21,9 @@ from pathlib import Path
 import torch
 
 from ..drafters.head.feature_head import FeatureHead
-from ..drafters.head.eagle import EAGLE1, EAGLE3, EagleConfig, EagleHead, default_taps
+from ..drafters.head.eagle import EAGLE1, EAGLE3, EagleConfig, EagleHead
 from .eagle_folder import CONFIG_FILE, SAFETENSORS
+from .layer_ids import RECORD, RECORD_LAYERS, written_ids
 
 LAYOUTS = (EAGLE3, EAGLE1)
 
@@ -54,8 +56,8 @@ def eagle3_config(c: EagleConfig, dtype: torch.dtype) -> dict:
     config.update(rope_settings(c))
     if c.target_hidden_size != c.hidden_size:
         config["target_hidden_size"] = c.target_hidden_size
-    if tuple(c.taps) != default_taps(c.target_layers):
-        config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(c.taps), "use_aux_hidden_state": True}
+    config.update(written_ids(c.taps, c.target_layers))
+    config[RECORD] = {RECORD_LAYERS: c.target_layers}  # the engines ignore it; the loader checks it
     return config
 
 

@@ -19,9 +19,10 @@ from pathlib import Path
 
 import torch
 
-from ..drafters.head.eagle import EAGLE1, EAGLE3, EagleConfig, EagleHead, default_taps
+from ..drafters.head.eagle import EAGLE1, EAGLE3, EagleConfig, EagleHead
 from ..hf.compat import STATIC_ROPE_TYPES, scaled_rope
 from ..hf.width import text_config
+from .layer_ids import check_record, speculators_view, tap_ids
 
 CONFIG_FILE = "config.json"
 SAFETENSORS = "model.safetensors"
@@ -174,24 +175,6 @@ def rope(config: dict, head_dim: int, path: Path) -> dict:
                 rope_settings=json.dumps(settings))
 
 
-def tap_ids(raw: dict, layout: str, layers: int, path: Path) -> tuple[int, ...]:
-    """The target's ``output_hidden_states`` indices an EAGLE-3 head reads: the config's
-    ``eagle_aux_hidden_state_layer_ids`` read as vLLM reads them (the state entering that layer), else
-    (2, L//2, L-3). Three distinct ids inside the target, or refused by name."""
-    nested = raw.get("eagle_config") if isinstance(raw.get("eagle_config"), dict) else {}
-    explicit = raw.get("eagle_aux_hidden_state_layer_ids") if layout == SPECULATORS else None
-    explicit = explicit or nested.get("eagle_aux_hidden_state_layer_ids")
-    if nested.get("use_aux_hidden_state") is False:
-        raise ValueError(f"{path / CONFIG_FILE}: 'use_aux_hidden_state': false (an EAGLE-3 head on the last hidden "
-                         "state alone) is not supported")
-    taps = tuple(explicit) if explicit else default_taps(layers)
-    if (len(taps) != 3 or len(set(taps)) != 3 or not all(isinstance(i, int) and 0 <= i < layers for i in taps)):
-        source = "its eagle_aux_hidden_state_layer_ids" if explicit else "the default taps 2, L//2, L-3"
-        raise ValueError(f"the target has {layers} layers: {source} {list(taps)} are not three distinct layers of it; "
-                         "pass the target this head was trained for")
-    return taps
-
-
 def eagle_config(raw: dict, layout: str, state: dict, target, path: Path) -> EagleConfig:
     """The head's shapes from its own config.json (never the target's), its taps resolved for ``target``."""
     layer = raw.get("transformer_layer_config") if layout == SPECULATORS else raw
@@ -209,7 +192,9 @@ def eagle_config(raw: dict, layout: str, state: dict, target, path: Path) -> Eag
     heads = field(layer, "num_attention_heads", path)
     vocab = field(layer, "vocab_size", path)
     tc = text_config(target.config)
+    check_record(raw, tc.num_hidden_layers, path / CONFIG_FILE)
     head_layout = EAGLE1 if layout == EAGLE1 else EAGLE3
+    view = speculators_view(raw, layer) if layout == SPECULATORS else raw
     num_layers = field(layer, "num_hidden_layers", path, default=1)
     if head_layout == EAGLE3 and num_layers != 1:
         raise ValueError(f"{path / CONFIG_FILE}: an EAGLE-3 head of {num_layers} layers is not supported (one layer)")
@@ -224,7 +209,7 @@ def eagle_config(raw: dict, layout: str, state: dict, target, path: Path) -> Eag
         draft_vocab_size=field(raw, "draft_vocab_size", path, default=vocab) if head_layout == EAGLE3 else vocab,
         target_hidden_size=field(raw, "target_hidden_size", path, default=h) if head_layout == EAGLE3 else h,
         target_layers=tc.num_hidden_layers,
-        taps=tap_ids(raw, layout, tc.num_hidden_layers, path) if head_layout == EAGLE3 else (-1,),
+        taps=tap_ids(view, tc.num_hidden_layers, path / CONFIG_FILE) if head_layout == EAGLE3 else (-1,),
         rms_eps=field(layer, "rms_norm_eps", path, default=1e-6, kind=float),
         norm_before_residual=field(raw, "norm_before_residual", path, default=layout == SPECULATORS, kind=bool),
         fc_bias=head_layout == EAGLE1 and bias is not False,
@@ -237,7 +222,8 @@ def eagle_config(raw: dict, layout: str, state: dict, target, path: Path) -> Eag
 
 def check_target(c: EagleConfig, target, path: Path) -> None:
     """The target's hidden size and vocabulary must be the head's (its layer count fits its taps,
-    :func:`tap_ids`); an EAGLE-3 head on the target's embedding needs h == H."""
+    :func:`~.layer_ids.tap_ids`, and an export's record of it); an EAGLE-3 head on the target's
+    embedding needs h == H."""
     tc = text_config(target.config)
     if (tc.hidden_size, tc.vocab_size) != (c.target_hidden_size, c.vocab_size):
         raise ValueError(f"{path} is an EAGLE head for a target with hidden size {c.target_hidden_size} and vocabulary "
