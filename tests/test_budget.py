@@ -84,11 +84,12 @@ def test_the_budget_names_node_counts_apart_from_rows():
 
 def test_the_plan_seam_imports_nothing_heavy():
     """Builders import the seam: at run time it needs only the standard library, opttree.tree.config and
-    opttree.tree.sizes (pure Python: the fixed verification sizes)."""
+    opttree.tree.sizes (pure Python: the fixed verification sizes); config needs only opttree.tree.registry
+    (pure Python: the strategies' and verifiers' records, registered by the modules that implement them)."""
     import ast
     from pathlib import Path
 
-    from opttree.tree import config, plan, sizes
+    from opttree.tree import config, plan, registry, sizes
 
     def runtime_imports(path):
         tree = ast.parse(Path(path).read_text())
@@ -99,7 +100,8 @@ def test_the_plan_seam_imports_nothing_heavy():
                 yield "." * node.level + (node.module or "")
 
     assert set(runtime_imports(plan.__file__)) == {"__future__", "dataclasses", "typing", ".config", ".sizes"}
-    assert set(runtime_imports(config.__file__)) <= {"__future__", "dataclasses", "math"}
+    assert set(runtime_imports(config.__file__)) <= {"__future__", "dataclasses", "math", ".registry"}
+    assert set(runtime_imports(registry.__file__)) <= {"__future__", "dataclasses", "typing"}  # the names' records
     assert set(runtime_imports(sizes.__file__)) <= {"__future__"}
     assert "torch" in set(runtime_imports(calibration.__file__))  # the check can see an import (control)
 
