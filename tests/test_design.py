@@ -91,3 +91,33 @@ def test_design_is_short_and_holds_no_measurement():
     text = DESIGN.read_text()
     assert len(text.splitlines()) <= MOST_LINES
     assert re.findall(r"\d\s?(?:ms|µs|s)\b|\d+(?:\.\d+)?\s?×(?! eps)", text) == []  # timings and speed-ups: RESULTS.md
+
+
+def floors(may_import: dict[str, set[str]]) -> dict[str, int]:
+    """A folder's floor: 1 above the highest floor among the folders it may import (1 for none)."""
+    memo: dict[str, int] = {}
+
+    def floor(folder: str) -> int:
+        if folder not in memo:
+            memo[folder] = 1 + max((floor(f) for f in may_import[folder]), default=0)
+        return memo[folder]
+    return {folder: floor(folder) for folder in may_import}
+
+
+def drawn_floors(text: str) -> dict[str, int]:
+    """DESIGN's list "- floor N: `a/` ... `b/` ..." -> {a: N, b: N} (folders named as `name/`)."""
+    out = {}
+    for number, rest in re.findall(r"^- floor (\d): (.*?)(?=^- |\Z)", text, flags=re.S | re.M):
+        for folder in re.findall(r"`(\w+)/`", rest):
+            out.setdefault(folder, int(number))
+    return out
+
+
+def test_the_floors_design_draws_are_the_folders_declared_imports():
+    """DESIGN's floors, from the "May import" sentences that tests/test_imports.py holds the code to."""
+    from test_imports import MAY_IMPORT
+    drawn = drawn_floors(DESIGN.read_text())
+    assert {folder: drawn.get(folder) for folder in MAY_IMPORT} == floors(MAY_IMPORT)
+    # negative controls: an arrow up moves a floor, and a folder drawn on the wrong floor is read as drawn
+    assert floors({"a": {"b"}, "b": set()}) == {"a": 2, "b": 1}
+    assert drawn_floors("- floor 2: `loop/` (x) and `budget/`\n- floor 1: `tree/`\n") == {"loop": 2, "budget": 2, "tree": 1}

@@ -125,7 +125,8 @@ def test_a_speculators_top_level_id_out_of_range_is_refused_naming_it(tmp_path):
 
 def _in_bfloat16(folder):
     """The folder's weights rewritten in bfloat16 (its config saying so), as published heads often are."""
-    state = {k: v.bfloat16() if v.is_floating_point() else v for k, v in load_file(str(folder / "model.safetensors")).items()}
+    state = load_file(str(folder / "model.safetensors"))
+    state = {k: v.bfloat16() if v.is_floating_point() else v for k, v in state.items()}
     save_file(state, str(folder / "model.safetensors"))
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps(dict(config, torch_dtype="bfloat16")))

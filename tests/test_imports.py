@@ -3,7 +3,10 @@ cycle's failure from import time to call time). And no folder imports a folder a
 each folder's __init__.py states)."""
 
 import ast
+import re
 from pathlib import Path
+
+import pytest
 
 import opttree
 
@@ -90,21 +93,27 @@ def test_the_checker_finds_a_cycle_hidden_in_a_function(tmp_path):
     assert cycles(import_graph(package)) == {frozenset({"pkg.a", "pkg.b"}), frozenset({"pkg.sub", "pkg.sub.c"})}
 
 
-# Each folder of opttree and the folders it may import (its __init__.py says why): the face on top,
-# then the loop and the loading of draft folders, the drafters, the budget and the verifiers, with the
-# tree and hf at the ground. Training (distill) imports the runtime, never the reverse.
-MAY_IMPORT = {
-    "integration": {"loop", "loading", "budget", "drafters", "verify", "tree", "hf", "kernels"},
-    "loop": {"drafters", "verify", "tree", "hf", "kernels"},
-    "loading": {"drafters", "budget", "tree", "hf", "kernels"},
-    "budget": {"drafters", "tree", "hf", "kernels"},
-    "drafters": {"tree", "hf", "kernels"},
-    "verify": {"tree"},
-    "tools": {"loop", "tree"},
-    "tree": set(),
-    "hf": set(),
-    "kernels": set(),
-}
+# Each folder of opttree declares the folders it may import in its __init__.py's docstring, in one
+# sentence "May import: :mod:`opttree.X`, ...." (or "May import: nothing else of opttree"): the face on
+# top, then the loop and the loading of draft folders, the budget, the drafters and the verifiers, with
+# tree, hf and kernels at the ground. Training (distill) imports the runtime, never the reverse.
+DECLARING = ("integration", "loop", "loading", "budget", "drafters", "verify", "tools", "tree", "hf", "kernels")
+
+
+def declared_imports(docstring: str) -> set[str]:
+    """The folders a docstring's "May import:" sentence names (its end: the first period before a space)."""
+    found = re.search(r"^May import: (.*?)\.(?:\s|$)", docstring, flags=re.S | re.M)
+    assert found, "the docstring has no 'May import: ...' sentence"
+    if found.group(1).startswith("nothing else of opttree"):
+        return set()
+    return set(re.findall(r":mod:`opttree\.(\w+)`", found.group(1)))
+
+
+def folder_docstring(folder: str) -> str:
+    return ast.get_docstring(ast.parse((Path(opttree.__file__).parent / folder / "__init__.py").read_text())) or ""
+
+
+MAY_IMPORT = {folder: declared_imports(folder_docstring(folder)) for folder in DECLARING}
 RUNTIME = ("integration", "loop", "loading", "drafters", "budget", "verify", "tree", "hf", "kernels")
 
 
@@ -213,3 +222,17 @@ print(sorted(m for m in sys.modules if m.startswith("opttree.distill")))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_each_folder_declares_what_it_may_import_in_its_docstring():
+    """The layering the tests hold is the one each folder's docstring states (read, not restated here)."""
+    assert MAY_IMPORT["tree"] == set() and MAY_IMPORT["verify"] == {"tree"}  # ground and near-ground (control)
+    assert {"loop", "loading", "budget", "drafters", "verify", "tree", "hf", "kernels"} <= MAY_IMPORT["integration"]
+    assert "budget" not in MAY_IMPORT["loop"]  # the loop reaches the budget through the plan's seam in tree/
+    for folder, allowed in MAY_IMPORT.items():
+        assert allowed <= set(DECLARING) - {folder}, (folder, allowed)
+    # negative controls: a docstring without the sentence is refused; the sentence ends at its first period
+    with pytest.raises(AssertionError, match="May import"):
+        declared_imports("Pure torch.\n\nImported by the loop.")
+    assert declared_imports("May import: :mod:`opttree.tree`. Used by :mod:`opttree.loop`.") == {"tree"}
+    assert declared_imports("May import: nothing else of opttree (beside :mod:`opttree.tree`).") == set()

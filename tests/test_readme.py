@@ -97,3 +97,10 @@ def test_the_readme_runs_top_to_bottom(monkeypatch):
         torch.set_num_threads(threads)
     assert namespace["model"] is namespace["target"]
     assert namespace["gen"].last_stats.new_tokens > 0
+
+
+def test_readme_and_results_stay_within_their_length():
+    """README answers a newcomer in at most 200 lines and benchmarks/RESULTS.md today's questions in at
+    most 500: history lives in git, not in them."""
+    assert len(README.read_text().splitlines()) <= 200
+    assert len((ROOT / "benchmarks" / "RESULTS.md").read_text().splitlines()) <= 500

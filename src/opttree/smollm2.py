@@ -91,7 +91,7 @@ def random_smollm2(seed: int = 0):
 
     config = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                          num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
-                         tie_word_embeddings=True, rope_theta=100000.0, rms_norm_eps=1e-5)
-    config._attn_implementation = "sdpa"
+                         tie_word_embeddings=True, rope_theta=100000.0, rms_norm_eps=1e-5,
+                         attn_implementation="sdpa")
     torch.manual_seed(seed)
     return LlamaForCausalLM(config).eval()

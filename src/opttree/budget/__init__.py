@@ -15,7 +15,7 @@ the measured policy:
   hold before any of it is used;
 * :mod:`.timing`: measuring the pair on this machine, as decoding runs it.
 
-May import: :mod:`opttree.tree`, :mod:`opttree.hf`, and :mod:`opttree.drafters` (calibration times
-a drafter through its interface). Imported by :mod:`opttree.integration` (the policies) and by
+May import: :mod:`opttree.drafters` (calibration times a drafter through its interface),
+:mod:`opttree.tree`, :mod:`opttree.hf`, :mod:`opttree.kernels`. Imported by :mod:`opttree.integration` (the policies) and by
 :mod:`opttree.loading` (``dtype="auto"`` keeps its choice beside the calibrations, in their folder).
 """

@@ -7,7 +7,7 @@
   :mod:`.mixed`: two drafters as one; :mod:`.truncated`: a stand-in draft cut from the target;
 * :mod:`.make`: ``draft_model=`` -> a drafter, and the checks of a draft model against its target.
 
-May import: :mod:`opttree.tree`, :mod:`opttree.hf`. A draft folder is loaded above, by
+May import: :mod:`opttree.tree`, :mod:`opttree.hf`, :mod:`opttree.kernels`. A draft folder is loaded above, by
 :mod:`opttree.loading`. Imported by the loop, the budget's calibration, the loading and the face.
 """
 

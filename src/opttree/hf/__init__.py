@@ -12,5 +12,6 @@
 * :mod:`.width`: a model's widths: its logits' (the vocabulary), and the width its config says carries
   its function (a field any target may carry), with the embedding and output rows at it.
 
-The ground floor beside :mod:`opttree.tree`: imports nothing else of opttree; every folder above may import it.
+May import: nothing else of opttree (the ground floor beside :mod:`opttree.tree`; every folder above may
+import it).
 """

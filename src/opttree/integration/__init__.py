@@ -13,8 +13,9 @@
   refusals before any forward; :mod:`.contract_page` writes it all as ``docs/arguments.md``
   (``opttree arguments``).
 
-The top floor: it may import any other folder of opttree (the loop, the drafters, the budget, verify,
-tree, hf); nothing below imports it.
+May import: :mod:`opttree.loop`, :mod:`opttree.loading`, :mod:`opttree.budget`, :mod:`opttree.drafters`,
+:mod:`opttree.verify`, :mod:`opttree.tree`, :mod:`opttree.hf`, :mod:`opttree.kernels` (the top floor: every
+runtime folder). Nothing below imports it.
 """
 
 from .entry import (SpeculativeDecoderOnlyOutput, SpeculativeGenerationMixin, SpeculativeGenerator, hub_generate,

@@ -6,5 +6,5 @@
 * :mod:`.choice`: how that kernel is chosen: timed in two rounds (the second after warm-up), stock
   always a candidate.
 
-A ground floor: imports nothing else of opttree; every runtime folder may import it.
+May import: nothing else of opttree (a ground floor; every runtime folder may import it).
 """

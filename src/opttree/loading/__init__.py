@@ -13,7 +13,7 @@
   turns (:mod:`.turns`); :mod:`.machine` names the machine a timing was taken on.
 
 May import: :mod:`opttree.drafters`, :mod:`opttree.budget` (the calibration cache's folder),
-:mod:`opttree.tree`, :mod:`opttree.hf`. Imported by the face (:mod:`opttree.integration`), by
+:mod:`opttree.tree`, :mod:`opttree.hf`, :mod:`opttree.kernels`. Imported by the face (:mod:`opttree.integration`), by
 ``opttree distill`` (training writes these formats) and by ``opttree bench``; never by the loop.
 """
 

@@ -90,9 +90,7 @@ def draft_config(target_config, num_layers: int):
     for key in ("quantization_config", "_name_or_path", "architectures", "auto_map", "layer_types"):
         values.pop(key, None)
     values.update(num_hidden_layers=num_layers, tie_word_embeddings=False, model_type="llama")
-    config = LlamaConfig(**values)
-    config._attn_implementation = "sdpa"
-    return config
+    return LlamaConfig(**values, attn_implementation="sdpa")
 
 
 def build_draft(target, meta: DraftMeta, config=None, token_ids: torch.Tensor | None = None):
@@ -160,8 +158,7 @@ def load_model_draft(path: Path, target, data: dict):
         )
     if not embedding_matches(target, meta.target_embedding_checksum):
         logger.warning("%s: the target's embedding differs from the one it was distilled from", path)
-    config = LlamaConfig.from_pretrained(path)
-    config._attn_implementation = "sdpa"
+    config = LlamaConfig.from_pretrained(path, attn_implementation="sdpa")
     state = read_weights(path)
     ids = state.get("lm_head.token_ids")
     if ids is None or ids.dim() != 1 or len(ids) == 0 or int(ids.min()) < 0 or int(ids.max()) >= config.vocab_size:

@@ -9,10 +9,15 @@ layers (:func:`written_ids`). Rule and sources: DESIGN.md, "EAGLE heads", Taps.
   before the final norm); the ids are tapped once each, low to high (``EagleModelMixin``:
   ``tuple(sorted(set(layers)))``). Its ``fc`` reads as many states as ``eagle_config``'s list names,
   else 3 (``llama_eagle3.py``). A ``speculators`` config's top-level ids are lifted onto its
-  ``transformer_layer_config`` (``speculators/algos.py`` ``update_eagle3``).
+  ``transformer_layer_config`` (``speculators/algos.py`` ``update_eagle3``). Its V2 model runner
+  (the GPU default; ``v1/worker/gpu/spec_decode/eagle/eagle3_utils.py``) reads the top level only:
+  a folder whose ids are nested alone is tapped at the default layers there.
 - SGLang 0.5.23 reads ``eagle_config``'s list alone and adds 1 to explicit ids on Llama, Qwen,
   Mistral, Gemma targets (``models/llama.py`` ``set_eagle3_layers_to_capture``): its id k is the
-  output of layer k, vLLM's k + 1.
+  output of layer k, vLLM's k + 1. On DeepSeek-V2 and GLM-4-MoE-Lite targets it adds 1 only when
+  the first id is 1 (``deepseek_v2.py``), on gpt-oss unless the last id is L (``gpt_oss.py``); its
+  defaults are vLLM's. The export cannot know the target's family: on those two, its nested list
+  reads right only when the first tap is 2.
 
 Id k is transformers' ``output_hidden_states[k]`` for k < L; its entry L is after the final norm,
 so vLLM's id L is refused as not supported.
@@ -126,8 +131,8 @@ def check_record(raw: dict, layers: int, file: Path) -> None:
 def written_ids(taps: tuple[int, ...], layers: int) -> dict:
     """The config.json fields that make vLLM and SGLang tap ``taps`` (vLLM's ids) of a target of
     ``layers`` layers: none for the default taps (both engines' default); else vLLM's ids at the top
-    level (vLLM reads them first) and, under ``eagle_config``, each id less 1 (SGLang reads that list
-    alone and adds 1), which also gives vLLM's fc its count."""
+    level (both vLLM runners read them first, its V2 runner only them) and, under ``eagle_config``,
+    each id less 1 (SGLang reads that list alone and adds 1), which also gives vLLM's fc its count."""
     if tuple(taps) == default_ids(layers):
         return {}
     if max(taps) >= layers:

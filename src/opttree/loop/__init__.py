@@ -13,6 +13,7 @@
 * :mod:`.model_inputs`: ``inputs_embeds`` and ``token_type_ids`` for each forward's stretch of tokens;
 * :mod:`.stats`: what a call did, step by step.
 
-May import: :mod:`opttree.tree`, :mod:`opttree.verify`, :mod:`opttree.drafters`, :mod:`opttree.hf`.
+May import: :mod:`opttree.drafters`, :mod:`opttree.verify`, :mod:`opttree.tree`, :mod:`opttree.hf`,
+:mod:`opttree.kernels`.
 Imported by the face (:mod:`opttree.integration`); its stats also by the tools and ``opttree bench``.
 """

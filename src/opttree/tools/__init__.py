@@ -5,6 +5,6 @@
 * :mod:`.ties`: greedy equality up to rounding, in every dtype: equal, a near-tie of plain's own scores, or a
   mismatch.
 
-May import: :mod:`opttree.tree` and the loop's stats. Used by ``opttree bench``, the benchmarks, the
+May import: :mod:`opttree.loop` (its stats), :mod:`opttree.tree`. Used by ``opttree bench``, the benchmarks, the
 tests and the notebook.
 """
