@@ -61,7 +61,8 @@ vllm_venv() {
 run_speculators() {
   local py
   py=$(speculators_venv)
-  PYTHONPATH="$PWD/src:$PWD/tests:$PWD/$W/stubs" $RUN "$py" scripts/interop/speculators_check.py 2>"$W/speculators.log"
+  PYTHONPATH="$PWD/src:$PWD/tests:$PWD/$W/stubs" $RUN "$py" scripts/interop/speculators_check.py 2>"$W/speculators.log" \
+    || { echo "speculators: FAIL (its log: $W/speculators.log)"; return 1; }
 }
 
 # The head: trained once (cached in .interop/head), exported as it is and with its taps shifted by one layer.
