@@ -121,7 +121,8 @@ def test_export_round_trips_to_the_last_bit(trained, tmp_path):
     half = save_eagle3(opttree.load_draft(out, target), tmp_path / "half", "float16")
     c = load_file(str(opttree.export_draft(opttree.load_draft(half, target), tmp_path / "h2") / "model.safetensors"))
     d = load_file(str(half / "model.safetensors"))
-    assert d["fc.weight"].dtype == torch.float16 and all(c[k].dtype == d[k].dtype and torch.equal(c[k], d[k]) for k in d)
+    assert d["fc.weight"].dtype == torch.float16
+    assert all(c[k].dtype == d[k].dtype and torch.equal(c[k], d[k]) for k in d)
 
 
 def _drafter_pair(head, target, ids, child):

@@ -175,8 +175,9 @@ BINS = {
     "empty": (lambda s: b"", r"is empty \(0 bytes\): a download or copy cut short; " + RESTORE),
     "safetensors": (lambda s: __import__("safetensors.torch").torch.save(s),
                     r"is a safetensors file under a pickle's name; rename it to model.safetensors$"),
-    "truncated": (lambda s: _torch_bytes(s)[:2000], CORRUPT + r"RuntimeError: PytorchStreamReader failed reading zip "
-                                                              r"archive: failed finding central directory\); " + RESTORE),
+    "truncated": (lambda s: _torch_bytes(s)[:2000],
+                  CORRUPT + r"RuntimeError: PytorchStreamReader failed reading zip archive: failed finding central "
+                            r"directory\); " + RESTORE),
     "foreign zip": (lambda s: _zip_bytes(), CORRUPT + "RuntimeError"),
     "bad legacy pickle": (lambda s: b"\x80\x02" + bytes(range(60, 120)), CORRUPT),
     "a gadget": (lambda s: _torch_bytes({**s, "extra": Gadget()}),
@@ -305,7 +306,8 @@ def test_bench_refuses_assisted_with_a_head_and_no_assistant(setup, tmp_path, ca
 
 def test_the_head_spec_is_read_without_a_model(setup, tmp_path):
     _, _, head = setup
-    assert bench_models.is_head_spec(str(head)) and bench_models.is_head_spec(str(ROOT / "drafts" / "smollm2-135m-head"))
+    assert bench_models.is_head_spec(str(head))
+    assert bench_models.is_head_spec(str(ROOT / "drafts" / "smollm2-135m-head"))
     assert not bench_models.is_head_spec(str(ROOT / "drafts" / "smollm2-135m-draft"))  # a draft model's folder
     assert not any(bench_models.is_head_spec(s) for s in (None, "none", "truncated:2", str(tmp_path)))
 

@@ -10,7 +10,8 @@ read back by :mod:`.eagle_folder` to the same q, bit for bit.
 fields (``rope_scaling`` or ``rope_parameters``, ``max_position_embeddings``...) as they were read.
 ``layout="eagle1"`` writes an EAGLE-1/2 head as EAGLE's own folder (``LlamaForCausalLM``, ``fc``,
 ``layers.N.*``). Weights in the dtype of the folder the head was read from, or the one asked for; into a
-new or empty folder only, written whole (a stale file beside them would be read instead). opttree's own feature head has no such form: refused, naming each part that has none.
+new or empty folder only, written whole (a stale file beside them would be read instead). opttree's own
+feature head has no such form: refused, naming each part that has none.
 """
 
 from __future__ import annotations
