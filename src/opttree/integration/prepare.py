@@ -75,8 +75,6 @@ class DecodeCall:
 
 def prepare(model, call: GenerateCall, options: Options) -> DecodeCall:
     """Check everything, calibrate ``"auto"`` if asked, and open the target's cache (see the module docstring)."""
-    if options.draft_model is None:
-        raise ValueError("speculative generation needs draft_model=<a small causal LM with the target's vocabulary>")
     config_in, kwargs = call.generation_config, call.model_kwargs
     input_ids = call.input_ids.long()  # generate()'s output is long whatever the prompt's dtype
     check_generation_mode(config_in)
