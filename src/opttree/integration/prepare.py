@@ -6,8 +6,8 @@ after every check), and the result is one value, :class:`DecodeCall`, that
 Each way in (``speculative()``'s generate, :class:`~opttree.SpeculativeGenerator`,
 ``custom_generate=speculative_generate``) reaches :func:`prepare` from inside generate()'s
 ``custom_generate`` hook, with generate()'s own preparation (:class:`GenerateCall`) and opttree's
-arguments (:class:`Options`); what generate() drops before the hook is checked earlier, by the entry
-points that see the call's arguments (:mod:`.arguments`).
+arguments (:class:`Options`); what generate() drops before the hook is checked earlier, by the one
+pre-check every way in runs on the call's arguments (:mod:`.precheck`).
 """
 
 from __future__ import annotations
