@@ -21,9 +21,9 @@ that size replays those graphs (under ``mode="reduce-overhead"``, generate()'s d
 CUDA graphs: the buffers are marked static, as transformers marks a StaticCache's). The prefill (the
 prompt's catch-up) runs the same function eagerly at its own length, as generate() keeps its prefill
 eager. A width whose compile or compiled run fails runs eagerly from then on, with one warning; the
-in-place writes are the same either way, so nothing needs rewinding. The real rows' arithmetic is
-the same in every mode: the eager and compiled drafters' q are bit-equal where the compiler runs
-the same kernels (``tests/test_head_step.py``).
+in-place writes are the same either way, so nothing needs rewinding. Eager and compiled, a forward
+of the same width computes the same q to the bit (``tests/test_head_step.py``); a padded one runs
+its products on more rows, where a CPU may pick another kernel, so the q agree to rounding.
 """
 
 from __future__ import annotations
