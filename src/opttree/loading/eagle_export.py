@@ -1,16 +1,8 @@
 """A head written as a folder that vLLM's and SGLang's EAGLE loaders read (:func:`export_draft`), and
-read back by :mod:`.eagle_folder` to the same q, bit for bit.
-
-``layout="eagle3"`` writes ``config.json`` (``LlamaForCausalLMEagle3``, the head's own shapes,
-``draft_vocab_size``, ``norm_before_residual`` always written, ``target_hidden_size`` where H != h,
-layer ids only where the taps differ from the default (2, L//2, L-3): vLLM's at the top level and
-SGLang's, each less 1, in ``eagle_config`` (:func:`~.layer_ids.written_ids`), the target's layer
-count under ``opttree``) and ``model.safetensors`` with
-``midlayer.*`` names (SGLang's loader knows only those; vLLM renames them), ``fc``, ``norm``,
-``lm_head``, ``d2t`` and ``t2d`` (and ``embed_tokens`` where the head has its own); a scaled RoPE's
-fields (``rope_scaling`` or ``rope_parameters``, ``max_position_embeddings``...) as they were read.
-``layout="eagle1"`` writes an EAGLE-1/2 head as EAGLE's own folder (``LlamaForCausalLM``, ``fc``,
-``layers.N.*``). opttree's own feature head has no such form: refused, naming each part that has none.
+read back by :mod:`.eagle_folder` to the same q, bit for bit. What a layout writes (``config.json``'s
+object and the weights' published names) is its class's (:mod:`.eagle`: ``layout="eagle3"``, what
+the engines serve, ``layout="eagle1"``, EAGLE's own EAGLE-1/2 folder); here the folder is written.
+opttree's own feature head has no such form: refused, naming each part that has none.
 """
 
 from __future__ import annotations
@@ -18,14 +10,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import torch
-
 from ..drafters.head.feature_head import FeatureHead
-from ..drafters.head.eagle import EAGLE1, EAGLE3, EagleConfig, EagleHead
+from .eagle import PublishedHead, export_layouts
 from .eagle_folder import CONFIG_FILE, SAFETENSORS
-from .layer_ids import RECORD, RECORD_LAYERS, written_ids
-
-LAYOUTS = (EAGLE3, EAGLE1)
 
 
 def unrepresentable(head: FeatureHead) -> list[str]:
@@ -46,65 +33,27 @@ def unrepresentable(head: FeatureHead) -> list[str]:
     return parts
 
 
-def eagle3_config(c: EagleConfig, dtype: torch.dtype) -> dict:
-    config = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": c.hidden_size,
-              "num_attention_heads": c.num_heads, "num_key_value_heads": c.num_kv_heads, "head_dim": c.head_dim,
-              "intermediate_size": c.intermediate_size, "num_hidden_layers": 1, "vocab_size": c.vocab_size,
-              "draft_vocab_size": c.draft_vocab_size, "rms_norm_eps": c.rms_eps, "rope_theta": c.rope_theta,
-              "hidden_act": "silu", "attention_bias": c.qkv_bias, "tie_word_embeddings": False,
-              "norm_before_residual": c.norm_before_residual, "torch_dtype": str(dtype).removeprefix("torch.")}
-    config.update(rope_settings(c))
-    if c.target_hidden_size != c.hidden_size:
-        config["target_hidden_size"] = c.target_hidden_size
-    config.update(written_ids(c.taps, c.target_layers))
-    config[RECORD] = {RECORD_LAYERS: c.target_layers}  # the engines ignore it; the loader checks it
-    return config
-
-
-def eagle1_config(c: EagleConfig, dtype: torch.dtype) -> dict:
-    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": c.hidden_size,
-            "num_attention_heads": c.num_heads, "num_key_value_heads": c.num_kv_heads, "head_dim": c.head_dim,
-            "intermediate_size": c.intermediate_size, "num_hidden_layers": c.num_layers, "vocab_size": c.vocab_size,
-            "rms_norm_eps": c.rms_eps, "rope_theta": c.rope_theta, "hidden_act": "silu", "bias": c.fc_bias,
-            "qkv_bias": c.qkv_bias, "torch_dtype": str(dtype).removeprefix("torch."), **rope_settings(c)}
-
-
-def rope_settings(c: EagleConfig) -> dict:
-    """A scaled RoPE's config.json fields as the head's folder held them (none for the default RoPE)."""
-    return json.loads(c.rope_settings) if c.rope_settings else {}
-
-
-def exported_state(head: EagleHead) -> dict[str, torch.Tensor]:
-    """The head's tensors under the published names, plus EAGLE-3's ``t2d`` [V] bool (the kept target ids)."""
-    state = {k: v.detach().contiguous().cpu() for k, v in head.state_dict().items()}
-    if head.c.layout == EAGLE3:
-        t2d = torch.zeros(head.c.vocab_size, dtype=torch.bool)
-        t2d[head.token_ids.cpu()] = True
-        state["t2d"] = t2d
-    return state
-
-
-def export_draft(head, folder: str | Path, layout: str = EAGLE3) -> Path:
+def export_draft(head, folder: str | Path, layout: str = "eagle3") -> Path:
     """Write ``head`` (an EAGLE head loaded by :func:`opttree.load_draft`) to ``folder`` in ``layout``
-    (``"eagle3"``: what vLLM and SGLang serve; ``"eagle1"``: an EAGLE-1/2 head). An opttree feature
-    head is refused, naming the parts no EAGLE layout holds. Returns the folder."""
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout={layout!r}: export writes {' or '.join(map(repr, LAYOUTS))}")
+    (``"eagle3"``: what vLLM and SGLang serve; ``"eagle1"``: an EAGLE-1/2 head; the registry's,
+    :func:`~.eagle.export_layouts`), as its class writes it. An opttree feature head is refused, naming
+    the parts no EAGLE layout holds. Returns the folder."""
+    layouts = export_layouts()
+    if layout not in layouts:
+        raise ValueError(f"layout={layout!r}: export writes {' or '.join(map(repr, layouts))}")
     if isinstance(head, FeatureHead):
         raise ValueError("this opttree feature head has no EAGLE form: " + "; ".join(unrepresentable(head))
                          + ". A head must be trained in the EAGLE-3 layout to export (its export is then a rename)")
-    if not isinstance(head, EagleHead):
+    if not isinstance(head, PublishedHead):
         raise TypeError(f"export_draft takes a head returned by opttree.load_draft, not a {type(head).__name__}")
-    if head.c.layout != layout:
-        raise ValueError(f"this is an {head.c.layout} head: it exports as layout={head.c.layout!r}, not {layout!r}")
+    config, state = head.export_form(layout)  # another layout than the head's, or one with no export: refused
     from safetensors.torch import save_file
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    config = (eagle3_config if layout == EAGLE3 else eagle1_config)(head.c, head.dtype)
     (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
-    save_file(exported_state(head), str(folder / SAFETENSORS), metadata={"format": "pt"})
+    save_file(state, str(folder / SAFETENSORS), metadata={"format": "pt"})
     return folder
 
 
-__all__ = ["LAYOUTS", "export_draft", "unrepresentable"]
+__all__ = ["export_draft", "unrepresentable"]

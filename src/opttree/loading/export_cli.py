@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import argparse
 
-from .eagle_export import LAYOUTS, export_draft
+from .eagle import export_layouts
+from .eagle_export import export_draft
 
 
 def parser(prog: str = "opttree export") -> argparse.ArgumentParser:
@@ -13,7 +14,8 @@ def parser(prog: str = "opttree export") -> argparse.ArgumentParser:
     p.add_argument("draft", help="the head's folder (an EAGLE folder, or one written by `opttree distill`)")
     p.add_argument("out", help="the folder to write")
     p.add_argument("--target", required=True, help="the target model (a Hub name or a folder) the head drafts for")
-    p.add_argument("--layout", default=LAYOUTS[0], choices=LAYOUTS, help="the layout to write (default: %(default)s)")
+    layouts = export_layouts()
+    p.add_argument("--layout", default=layouts[0], choices=layouts, help="the layout to write (default: %(default)s)")
     return p
 
 
