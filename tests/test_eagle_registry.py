@@ -67,6 +67,8 @@ def test_a_layout_registered_in_one_line_loads_through_load_draft(tmp_path):
             assert torch.equal(mine, theirs)
         assert opttree.export_draft(reference, tmp_path / "out").is_dir()  # the registered layouts still export
         with pytest.raises(ValueError, match="a tinyblock head cannot be exported: no engine serves"):
+            opttree.export_draft(head, tmp_path / "out2")  # its declared "cannot export", by name
+        with pytest.raises(ValueError, match="layout='tinyblock': export writes 'eagle3' or 'eagle1'"):
             opttree.export_draft(head, tmp_path / "out2", layout="tinyblock")
         with pytest.raises(ValueError, match="TinyBlockEagle3ForTest, .*LlamaForCausalLMEagle3|LlamaForCausalLMEagle3.*"
                                              "TinyBlockEagle3ForTest"):
