@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from clocks import HANG_GUARD
 from models import peaked, tiny_model
 from opttree import TreeConfig, speculative_generate
 from opttree.budget import calibration, calibration_file, policy as policy_module, timing
@@ -83,11 +84,12 @@ def test_the_budget_names_node_counts_apart_from_rows():
 
 def test_the_plan_seam_imports_nothing_heavy():
     """Builders import the seam: at run time it needs only the standard library, opttree.tree.config and
-    opttree.tree.sizes (pure Python: the fixed verification sizes)."""
+    opttree.tree.sizes (pure Python: the fixed verification sizes); config needs only opttree.tree.registry
+    (pure Python: the strategies' and verifiers' records, registered by the modules that implement them)."""
     import ast
     from pathlib import Path
 
-    from opttree.tree import config, plan, sizes
+    from opttree.tree import config, plan, registry, sizes
 
     def runtime_imports(path):
         tree = ast.parse(Path(path).read_text())
@@ -98,7 +100,8 @@ def test_the_plan_seam_imports_nothing_heavy():
                 yield "." * node.level + (node.module or "")
 
     assert set(runtime_imports(plan.__file__)) == {"__future__", "dataclasses", "typing", ".config", ".sizes"}
-    assert set(runtime_imports(config.__file__)) <= {"__future__", "dataclasses", "math"}
+    assert set(runtime_imports(config.__file__)) <= {"__future__", "dataclasses", "math", ".registry"}
+    assert set(runtime_imports(registry.__file__)) <= {"__future__", "dataclasses", "typing"}  # the names' records
     assert set(runtime_imports(sizes.__file__)) <= {"__future__"}
     assert "torch" in set(runtime_imports(calibration.__file__))  # the check can see an import (control)
 
@@ -113,7 +116,7 @@ def test_refreshing_one_latency_model_from_several_threads_neither_deadlocks_nor
     barrier = threading.Barrier(4)
 
     def run(policy):
-        barrier.wait(5)
+        barrier.wait(HANG_GUARD)
         for _ in range(300):
             policy.observe(step(tree_size=8, verify=2 * 0.145, layers=[(8, 0.03)], root=0.02))
 
@@ -121,7 +124,7 @@ def test_refreshing_one_latency_model_from_several_threads_neither_deadlocks_nor
     for t in threads:
         t.start()
     for t in threads:
-        t.join(30)
+        t.join(HANG_GUARD)
     assert not any(t.is_alive() for t in threads)
     assert lat.verify_scale == pytest.approx(2.0, rel=1e-3) and lat.layer_time(8) == pytest.approx(0.03, rel=1e-3)
     assert lat.verify_fit.w == pytest.approx(1.0) and lat.lock.acquire(blocking=False)  # no lock left held
@@ -531,7 +534,7 @@ def test_concurrent_auto_calls_measure_each_pair_once_and_one_at_a_time(pair, tm
 
     def call(i):
         try:
-            barrier.wait(5)
+            barrier.wait(HANG_GUARD)
             d, nd = which[i]
             got[i] = calibration.calibrate(target, d, nd, folder=tmp_path, mode="off")
         except Exception as error:  # noqa: BLE001 - reported below
@@ -541,7 +544,7 @@ def test_concurrent_auto_calls_measure_each_pair_once_and_one_at_a_time(pair, tm
     for t in threads:
         t.start()
     for t in threads:
-        t.join(30)
+        t.join(HANG_GUARD)
     calibration.clear_calibrations()
     assert not errors and len(got) == 6
     assert len(measured) == 2 and max(overlaps) == 1  # once per pair, one at a time

@@ -1,14 +1,15 @@
 """How ``OPTTREE_LINEAR=auto`` chooses a kernel (opttree.kernels.choice, through fast_linear): stock is
 always a candidate, every row count has its own choice, and the choice made in the first trials is
-checked again after warm-up. Pinned by decisions and call counts under a fake clock: each fake
-kernel advances the clock by the cost the test gives it, so no result depends on this machine's speed."""
-
-import time
+checked again after warm-up. Pinned by decisions and call counts under a fake clock, given to the
+chooser as its declared ``clock``: each fake kernel advances it by the cost the test gives it, so no
+result depends on this machine's speed or load."""
 
 import pytest
 import torch
 
+from clocks import FakeClock
 from opttree.kernels import linears
+from opttree.kernels.choice import Chooser
 from opttree.kernels.cpu import CpuSupport
 from opttree.kernels.linears import MAX_ROWS, TRIALS, fast_linear
 
@@ -26,24 +27,16 @@ def fresh_choices(monkeypatch):
     linears.forget_decisions()
 
 
-class FakeClock:
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def fake_costs(monkeypatch, cost) -> list[tuple[str, int, int]]:
-    """Every kernel (stock's path included) advances a fake ``time.perf_counter`` by ``cost(kernel, rows,
-    product index)`` seconds and is recorded as (kernel, rows, id of the weight)."""
+    """A fresh chooser on a fake clock; every kernel (stock's path included) advances that clock by
+    ``cost(kernel, rows, product index)`` seconds and is recorded as (kernel, rows, id of the weight)."""
     clock, calls = FakeClock(), []
-    monkeypatch.setattr(time, "perf_counter", clock)
+    monkeypatch.setattr(linears, "_choice", Chooser(clock=clock))
 
     def faked(name, real):
         def kernel(flat, weight, bias=None):
             rows = flat.numel() // flat.shape[-1]
-            clock.now += cost(name, rows, len(calls))
+            clock.advance(cost(name, rows, len(calls)))
             calls.append((name, rows, id(weight)))
             return real(flat, weight, bias)
         return kernel

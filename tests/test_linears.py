@@ -2,15 +2,16 @@
 shape (in "auto" mode: the fastest of the candidates timed inside the forwards, per thread count), and
 only for the linears of the thread that opened a block: torch.nn.functional.linear itself is never
 replaced, other threads keep the stock path, someone else's patch of it survives, and models no kernel
-can help get no block. No test depends on which kernel is fastest on the machine that runs it: the
-choice logic is tested with kernels made slow on purpose."""
+can help get no block. No test depends on which kernel is fastest on the machine that runs it, nor on
+its load: the chooser runs on a fake clock (its declared ``clock``) that only the tests' kernels advance,
+and the choice logic is tested with kernels made slow on that clock on purpose."""
 
 import threading
-import time
 
 import pytest
 import torch
 
+from clocks import HANG_GUARD, FakeClock
 from opttree.kernels import linears
 from opttree.kernels.choice import Chooser
 from opttree.kernels.linears import MAX_ROWS, TRIALS, fast_linear, fast_linears
@@ -20,10 +21,15 @@ REAL_KERNELS = dict(linears._KERNEL)
 
 
 @pytest.fixture(autouse=True)
-def default_kernel(monkeypatch):
+def clock(monkeypatch) -> FakeClock:
+    """The default kernel mode, and a fresh chooser (no choices or trials carried in from other tests) on a
+    fake clock: it stands still unless a test's kernel advances it (every trial then ties, and stock,
+    the first candidate, keeps the key)."""
     monkeypatch.delenv("OPTTREE_LINEAR", raising=False)  # the default, whatever the caller's shell says
-    monkeypatch.setattr(linears, "_choice", Chooser())  # no choices or trials carried in from other tests
+    clock = FakeClock()
+    monkeypatch.setattr(linears, "_choice", Chooser(clock=clock))
     monkeypatch.setattr(linears, "_KERNEL", dict(REAL_KERNELS))
+    return clock
 
 
 def count_calls(monkeypatch, kernel: str) -> list[tuple[str, tuple]]:
@@ -116,15 +122,15 @@ def test_linears_take_the_kernels_only_in_the_thread_of_an_open_block(monkeypatc
         with fast_linears():
             layer(x)
             a_in.set()
-            b_in.wait(5)
+            b_in.wait(HANG_GUARD)
         a_out.set()
         layer(x)  # closed: stock again
 
     def b():
-        a_in.wait(5)
+        a_in.wait(HANG_GUARD)
         with fast_linears():
             b_in.set()
-            a_out.wait(5)
+            a_out.wait(HANG_GUARD)
             seen["b after a closed"] = linears.active()
             layer(x)
 
@@ -134,7 +140,7 @@ def test_linears_take_the_kernels_only_in_the_thread_of_an_open_block(monkeypatc
     seen["main while both open"] = linears.active()
     layer(x)
     for t in threads:
-        t.join(10)
+        t.join(HANG_GUARD)
     assert seen == {"b after a closed": True, "main while both open": False}
     assert [name for name, _ in calls] == ["a", "b"]  # one product each, inside its own block; none from main
 
@@ -190,7 +196,7 @@ def test_plain_linears_in_another_thread_during_a_decode_keep_the_stock_path(mon
     def hold(*_):  # in the worker's first target forward: let the main thread run, then go on
         if not inside.is_set():
             inside.set()
-            done.wait(10)
+            done.wait(HANG_GUARD)
 
     target.register_forward_pre_hook(hold)
     calls = count_calls(monkeypatch, "weight_major")
@@ -198,12 +204,12 @@ def test_plain_linears_in_another_thread_during_a_decode_keep_the_stock_path(mon
     worker = threading.Thread(name="decode", target=lambda: result.update(out=target.generate(
         prompt, custom_generate=speculative_generate, draft_model=draft, nodes=4, max_new_tokens=6, do_sample=False)))
     worker.start()
-    assert inside.wait(10)
+    assert inside.wait(HANG_GUARD)
     with torch.no_grad():
         during = [user_layer(x) for x in xs]
     main_active = linears.active()
     done.set()
-    worker.join(30)
+    worker.join(HANG_GUARD)
     callers = [name for name, _ in calls]
     assert torch.equal(result["out"], plain)
     assert not main_active and all(torch.equal(a, b) for a, b in zip(before, during))  # bit for bit
@@ -302,7 +308,8 @@ def test_a_gpt2_decode_takes_only_its_lm_head_through_the_kernels(monkeypatch):
 
 
 @pytest.mark.parametrize("fast", ["stock", "weight_major", "onednn", "onednn_pad"])
-def test_auto_times_every_candidate_then_keeps_the_fastest(fast, monkeypatch):
+def test_auto_times_every_candidate_then_keeps_the_fastest(fast, clock, monkeypatch):
+    """Every candidate but ``fast`` costs a second of the chooser's clock a product, ``fast`` none."""
     names = linears.candidates(torch.float32, 3)
     if fast not in names:
         pytest.skip(f"{fast} does not run here: no oneDNN in this torch build (torch.backends.mkldnn)")
@@ -314,7 +321,7 @@ def test_auto_times_every_candidate_then_keeps_the_fastest(fast, monkeypatch):
         def timed(*args):
             calls[name] += 1
             if name != fast:
-                time.sleep(0.003)  # far above any product's own time
+                clock.advance(1.0)
             return real(*args)
         return timed
 
@@ -335,7 +342,7 @@ def test_auto_times_every_candidate_then_keeps_the_fastest(fast, monkeypatch):
         assert (torch.float32, threads, 2, 24, 16) not in linears.decisions()
 
 
-def test_a_kernel_that_fails_here_is_dropped_for_its_shape_and_the_others_still_compete(monkeypatch):
+def test_a_kernel_that_fails_here_is_dropped_for_its_shape_and_the_others_still_compete(clock, monkeypatch):
     """A kernel offered but failing at its first product (a CPU feature the capability check missed)
     is dropped for that shape; the remaining candidates are still timed and the fastest kept."""
     broken_calls = []
@@ -345,7 +352,7 @@ def test_a_kernel_that_fails_here_is_dropped_for_its_shape_and_the_others_still_
         raise RuntimeError("no such kernel on this CPU")
 
     def slow_stock(*args):
-        time.sleep(0.003)  # far above any product's own time: stock must not win by default
+        clock.advance(1.0)  # a second of the chooser's clock: stock must not win by default
         return REAL_KERNELS["stock"](*args)
 
     monkeypatch.setattr(linears, "candidates", lambda dtype, rows=4: ("stock", "weight_major", "onednn"))
@@ -432,7 +439,7 @@ def test_concurrent_auto_trials_record_every_run_once():
 
     def work():
         try:
-            barrier.wait(5)
+            barrier.wait(HANG_GUARD)
             with fast_linears():
                 for _ in range(200):
                     for r in (1, 2, 3):
@@ -444,7 +451,7 @@ def test_concurrent_auto_trials_record_every_run_once():
     for t in threads:
         t.start()
     for t in threads:
-        t.join(30)
+        t.join(HANG_GUARD)
     n = torch.get_num_threads()
     assert not errors and set(linears.decisions()) == {(torch.float32, n, r, 24, 16) for r in (1, 2, 3)}
     assert linears._choice.rounds == {}  # no trial left in progress

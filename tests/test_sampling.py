@@ -251,9 +251,12 @@ def wrong_traversal(built, tree, logits, process, generator=None) -> Acceptance:
 
 
 def test_a_subtly_wrong_traversal_fails_the_same_test(monkeypatch):
-    from opttree.verify import sampling
+    from dataclasses import replace
 
-    monkeypatch.setitem(sampling.SAMPLING_VERIFIERS, "traversal", wrong_traversal)
+    from opttree.tree import registry
+
+    wrong = replace(registry.VERIFIERS["traversal"], sampling_walk=wrong_traversal)
+    monkeypatch.setitem(registry.VERIFIERS, "traversal", wrong)
     stat, critical, _ = run_world("traversal", "sampled", "without_replacement", "t0.7", False)
     assert stat > critical, (stat, critical)
 

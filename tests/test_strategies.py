@@ -6,15 +6,16 @@ import torch
 from models import peaked, tiny_model
 from opttree import TreeConfig, speculative_generate
 from opttree.tree.builder import build_opt_tree
-from opttree.tree.config import STRATEGIES
+from opttree.tree.registry import STRATEGIES
 from opttree.tree.static_trees import (BINARY_DEPTH_3, EAGLE_STYLE_25, EAGLE_STYLE_60, NAMED_TREES, check_paths,
                                        positional_tree)
-from opttree.tree.strategies import BUILDERS, build_heap_tree, build_tree, keep_best
+from opttree.tree.strategies import build_heap_tree, build_tree, keep_best
 from test_builder import brute_force_best, synthetic_probs
 
 
 def test_every_strategy_has_a_builder():
-    assert set(BUILDERS) == set(STRATEGIES)
+    assert tuple(STRATEGIES) == ("opt", "heap", "delayed", "chain", "static", "sampled")
+    assert all(callable(record.grow) and record.name == name for name, record in STRATEGIES.items())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -24,7 +25,7 @@ def _prompt(seed):
     return torch.randint(3, 90, (1, 7), generator=torch.Generator().manual_seed(seed))
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("strategy", tuple(STRATEGIES))
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
 def test_equal_to_greedy_generate_for_every_strategy(strategy, family):
     target = peaked(tiny_model(family, seed=0), scale=30.0)
@@ -83,7 +84,7 @@ class StrictDrafter:
         return tuple(tree.tokens[tree.path_to(i)].tolist())
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("strategy", tuple(STRATEGIES))
 @pytest.mark.parametrize("nodes,depth", [(1, 3), (4, 2), (9, 4), (20, 6)])
 def test_builder_contract(strategy, nodes, depth):
     drafter = StrictDrafter()

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from ..drafters.make import is_draft_model
-from ..tree.config import STRATEGIES, VERIFIERS
+from ..tree.registry import strategy_names, verifier_names
 from .methods import KNOWN_METHODS, METHODS, check_methods, check_trees, parse_tree_spec
 from .questions import CATEGORIES, QUICK_QUESTIONS, SPEC_BENCH_URL, TASKS, load_questions, select_questions
 
@@ -124,8 +124,8 @@ def parser(prog: str = "python -m opttree.bench") -> argparse.ArgumentParser:
     tree.add_argument("--nodes", type=_or_auto(int), default=None, help="node budget, or 'auto'")
     tree.add_argument("--threshold", type=_or_auto(float), default=None, help="δ, or 'auto'")
     tree.add_argument("--max-depth", type=int, default=None, help="deepest tree layer; default: TreeConfig's (10)")
-    tree.add_argument("--strategy", default=None, help=f"one of {', '.join(STRATEGIES)}")
-    tree.add_argument("--verifier", default=None, help=f"one of {', '.join(VERIFIERS)}")
+    tree.add_argument("--strategy", default=None, help=f"one of {', '.join(strategy_names())}")
+    tree.add_argument("--verifier", default=None, help=f"one of {', '.join(verifier_names())}")
     tree.add_argument("--opttree", action="append", default=[], metavar="SPEC",
                       help="one more opttree method with these settings, e.g. 'nodes=16,threshold=0.2' (repeatable); "
                            "'compiled=1' in it: over the compiled path, as opttree-compiled")

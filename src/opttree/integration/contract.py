@@ -37,6 +37,8 @@ from transformers.generation.utils import GenerationMixin
 
 from ..hf.tree_cache import IMPLEMENTATION_FIX, OBJECT_FIX, check_cache, implementation_refused
 from ..hf.validation import check_generation_mode
+from ..tree import registry
+from ..verify import walk  # noqa: F401 - registers the verifiers' records, listed in ADDED below
 
 __all__ = ["ADDED", "HONOURED", "NOT_APPLYING", "REFUSED", "Refusal", "check_dropped_arguments", "check_positions",
            "generate_arguments", "placement", "refused", "unplaced"]
@@ -127,12 +129,8 @@ ADDED: dict[str, str] = {
     "threshold": "δ: the tree grows one more layer while that raises E(A) = Σp̂ by more than δ; \"auto\": with "
                  "nodes=\"auto\", a layer is drafted while its expected gain per second beats the current rate",
     "max_depth": "the deepest layer ever drafted",
-    "strategy": "how the tree grows: \"opt\" (OPT-Tree), \"heap\" (the E(A)-optimal tree, DySpec's greedy "
-                "expansion), \"delayed\" (a short path, then a tree), \"chain\" (one path: classic speculative "
-                "decoding), \"static\" (static_tree=), \"sampled\" (children drawn from the draft)",
-    "verifier": "how the target accepts drafted tokens: \"match\" (its own token at each node, greedy or "
-                "sampled), \"rrs\" (recursive rejection sampling), \"traversal\" (Traversal Verification); "
-                "all lossless",
+    "strategy": f"how the tree grows: {registry.listing(registry.STRATEGIES.values())}",  # the records' words
+    "verifier": f"how the target accepts drafted tokens: {registry.listing(registry.VERIFIERS.values())}; all lossless",
     "static_tree": "for strategy=\"static\": the tree as root-to-node paths of sibling ranks, e.g. "
                    "((0,), (1,), (0, 0)); EAGLE- and Sequoia-style trees in opttree.tree.static_trees",
     "generator": "a torch.Generator that seeds sampling, for reproducible draws",

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import fields
 
+from ..tree import registry
 from ..tree.config import TreeConfig
 from .contract import ADDED, HONOURED, NOT_APPLYING, REFUSED
 
@@ -21,14 +22,6 @@ greedy or sampled decoding of a decoder-only model). The names are read from tra
 (`GenerationConfig`'s fields, generate()'s signature and the keywords it pops, the model kwargs it
 accepts for a model), and `tests/test_contract.py` fails on a name in no set or in two: a transformers
 release that adds an argument fails the suite until it is placed."""
-
-AUTO = """\
-With neither `nodes` nor `threshold`, generate() runs `nodes="auto", threshold="auto"` where it can;
-an argument left out next to one given takes the default above (`nodes=60, threshold=0.5` is OPT-Tree
-as published). `"auto"` cannot run with `strategy="sampled"`, with the `"rrs"` and `"traversal"`
-verifiers, or on a context too short to time: those calls get the fixed defaults
-(`opttree.integration.defaults`). `SpeculativeGenerator(target, draft, ...)` takes the same arguments in
-its constructor and per call."""
 
 NOTES = """\
 - **Batches.** Each logits processor sees what plain shows it: a row's own context, left padding
@@ -72,6 +65,24 @@ NOTES = """\
   way in; one prompt per call, as generate()."""
 
 
+def auto_paragraph() -> str:
+    """What "auto" does, and where it cannot run, as the strategies' and verifiers' records say (tree/registry.py)."""
+    strategies, verifiers = registry.not_auto()
+    return f"""\
+With neither `nodes` nor `threshold`, generate() runs `nodes="auto", threshold="auto"` where it can;
+an argument left out next to one given takes the default above (`nodes=60, threshold=0.5` is OPT-Tree
+as published). `"auto"` cannot run with {_alternatives("strategy=", strategies)}, with the {_alternatives("", verifiers)}
+verifiers, or on a context too short to time: those calls get the fixed defaults
+(`opttree.integration.defaults`). `SpeculativeGenerator(target, draft, ...)` takes the same arguments in
+its constructor and per call."""
+
+
+def _alternatives(prefix: str, names: list[str]) -> str:
+    """`a="x"` / `"x"` and `"y"` / `"x"`, `"y"` and `"z"`: names as the page writes them."""
+    quoted = [f'`{prefix}"{name}"`' for name in names]
+    return " and ".join(quoted) if len(quoted) < 3 else ", ".join(quoted[:-1]) + " and " + quoted[-1]
+
+
 def _cell(text: str) -> str:
     return " ".join(str(text).split()).replace("|", "\\|")
 
@@ -104,7 +115,7 @@ def markdown() -> str:
         "## The arguments opttree adds", "",
         *_table(("argument", "default", "what it does"),
                 ((f"`{name}`", _default(name), text) for name, text in ADDED.items())), "",
-        AUTO, "",
+        auto_paragraph(), "",
         f"## Honoured ({len(HONOURED)}): the output is plain's", "",
         *_table(("argument", "how"), ((f"`{name}`", text) for name, text in sorted(HONOURED.items()))), "",
         f"## Refused ({len(REFUSED)}): an error naming the argument and the fix, before any forward", "",

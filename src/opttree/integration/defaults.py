@@ -8,9 +8,10 @@ and this draft; the first call on a machine spends a few seconds timing them, ca
 
 Where "auto" cannot run, the left-out arguments fall back to TreeConfig's fixed defaults:
 
-- ``strategy="sampled"``: a drawn tree whose shape must not depend on timings;
-- ``verifier="rrs"`` or ``"traversal"``: their trees are checked against the draft's own q, so the
-  shape is left to the strategy (``"match"``, the default, accepts any tree);
+- a strategy whose record does not follow the budget plan (``Strategy.follows_plan``, opttree.tree.registry:
+  ``"sampled"``, a drawn tree whose shape must not depend on timings);
+- a verifier whose record leaves the tree's size to the strategy (``Verifier.sized_by_auto``: ``"rrs"`` and
+  ``"traversal"`` check their trees against the draft's own q; ``"match"``, the default, accepts any tree);
 - a context too short to time a 16-token prefix (:func:`opttree.budget.calibration.calibration_prefix`).
 """
 
@@ -18,12 +19,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..tree import registry
 from ..tree.config import TreeConfig
 
 TREE_ARGS = ("nodes", "threshold", "max_depth", "strategy", "verifier", "static_tree")
 AUTO = {"nodes": "auto", "threshold": "auto"}
-AUTO_STRATEGIES = ("opt", "heap", "delayed", "chain", "static")  # builders that follow a budget plan
-AUTO_VERIFIERS = ("match",)
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ def auto_applies(arguments: TreeArguments, *, can_calibrate: bool) -> bool:
     """Whether left-out ``nodes``/``threshold`` become "auto" (see the module docstring)."""
     fixed = arguments.fixed
     return (wants_default_size(arguments.given) and can_calibrate
-            and fixed.strategy in AUTO_STRATEGIES and fixed.verifier in AUTO_VERIFIERS)
+            and registry.strategy(fixed.strategy).follows_plan and registry.verifier(fixed.verifier).sized_by_auto)
 
 
 def resolve(arguments: TreeArguments, *, can_calibrate: bool = True) -> TreeConfig:

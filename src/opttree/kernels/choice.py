@@ -24,8 +24,9 @@ wins at 4 rows is never used at 1 row unless it also won there. For each key:
 A weight too big for any cache (``in_place``) runs each round's trials back to back at one product.
 A candidate that raises is dropped for its key (stock, the caller's own error, is never dropped).
 The bookkeeping is under one lock: decodes in several threads share it; the final choices are read
-without it on the hot path (one dict read). Times come from ``time.perf_counter``, looked up at each
-product (a test may replace it with a fake clock).
+without it on the hot path (one dict read). Times come from the chooser's ``clock`` (a declared
+parameter, ``time.perf_counter`` by default): the tests give it a fake clock that their fake kernels
+advance, so no choice test depends on this machine's speed or load.
 """
 
 from __future__ import annotations
@@ -109,9 +110,10 @@ class Chooser:
     """The kernel choices of one process (see the module docstring). ``run(name)`` computes the
     product with kernel ``name`` (raising if it cannot); ``ready(name, second)`` says whether ``name``
     can be timed on this product now (a oneDNN candidate packs its weight there in the first round,
-    and in the re-check only takes one packed before)."""
+    and in the re-check only takes one packed before). ``clock`` times the trials: seconds, any origin."""
 
-    def __init__(self):
+    def __init__(self, clock: Callable[[], float] = time.perf_counter):
+        self.clock = clock
         self.lock = threading.Lock()
         self.chosen: dict[Key, str] = {}  # final choices: the hot path reads this dict alone
         self.provisional: dict[Key, Provisional] = {}
@@ -203,7 +205,7 @@ class Chooser:
             with self.lock:
                 self._close_if_over_budget(key, names, state)
             return run(state.serving), False
-        start = time.perf_counter()
+        start = self.clock()
         try:
             out = run(name)
         except (RuntimeError, NotImplementedError):  # a kernel this CPU, build or shape cannot run after all
@@ -214,7 +216,7 @@ class Chooser:
                 if self.rounds.get(key) is state:
                     self._close_if_done(key, names, state)
             return run("stock"), True
-        seconds = time.perf_counter() - start
+        seconds = self.clock() - start
         with self.lock:
             if self.rounds.get(key) is state:  # not finished by another thread meanwhile
                 state.times.setdefault(name, []).append(seconds)

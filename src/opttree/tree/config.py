@@ -5,9 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-# Known names; each module that adds one extends its tuple here.
-STRATEGIES = ("opt", "heap", "delayed", "chain", "static", "sampled")  # tree growth: see strategies.py
-VERIFIERS = ("match", "rrs", "traversal")  # acceptance rule: see verify/walk.py, verify/sampling.py
+from .registry import strategy as strategy_named, verifier as verifier_named  # one record each: registry.py
 
 # The largest node budget. A step's memory is quadratic in it: the builder's pool keeps a [P, P]
 # bool ancestor mask over up to max_depth × nodes drafted nodes (about 100 MB at 1024 nodes and the
@@ -30,13 +28,12 @@ class TreeConfig:
                ``nodes="auto"`` / ``threshold="auto"``: chosen each step for the most tokens per second
                on this machine (measured latencies; see opttree.budget).
     max_depth: the deepest layer ever drafted.
-    strategy:  how the tree is grown; ``"opt"`` is OPT-Tree; ``"heap"``, ``"delayed"``, ``"chain"``,
-               ``"static"``: see strategies.py; ``"sampled"`` (children drawn
-               from q, for the sampling verifiers): sampled.py.
-    verifier:  how the target accepts tokens; ``"match"``: the target picks its own token at a
-               node (argmax, or a sample) and the walk follows the child that carries it;
-               ``"rrs"`` (recursive rejection sampling) and ``"traversal"`` (Traversal
-               Verification): verify/sampling.py. All are lossless; greedy decoding always matches.
+    strategy:  how the tree is grown, a name in :data:`~opttree.tree.registry.STRATEGIES`; ``"opt"`` is OPT-Tree; the
+               others: strategies.py (``"sampled"``, children drawn from q: sampled.py).
+    verifier:  how the target accepts tokens, a name in :data:`~opttree.tree.registry.VERIFIERS`; ``"match"``: the
+               target picks its own token at a node (argmax, or a sample) and the walk follows the
+               child that carries it; ``"rrs"`` (recursive rejection sampling) and ``"traversal"``
+               (Traversal Verification): verify/sampling.py. All are lossless; greedy decoding always matches.
     static_tree: for ``strategy="static"``: the tree as root-to-node paths of sibling ranks,
                e.g. ``((0,), (1,), (0, 0))``.
 
@@ -72,7 +69,5 @@ class TreeConfig:
             )
         if isinstance(self.max_depth, bool) or not isinstance(self.max_depth, int) or self.max_depth < 1:
             raise ValueError(f"max_depth must be an integer >= 1, got {self.max_depth!r}")
-        if self.strategy not in STRATEGIES:
-            raise ValueError(f"strategy must be one of {STRATEGIES}, got {self.strategy!r}")
-        if self.verifier not in VERIFIERS:
-            raise ValueError(f"verifier must be one of {VERIFIERS}, got {self.verifier!r}")
+        strategy_named(self.strategy)  # an unknown name is refused, naming the known ones
+        verifier_named(self.verifier)

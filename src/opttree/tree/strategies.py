@@ -7,6 +7,9 @@ callable instead, see builder.py). The pool a strategy asks about only ever grow
 (pool ids are stable), every frontier node's parent was expanded before it (a model drafter has
 its ancestors in its cache), and ``BuiltTree.pool_ids`` index that pool.
 
+Each strategy is one :class:`~opttree.tree.registry.Strategy` record, registered at the end of this
+module: its builder, its words in the docs, whether the budget plan sizes it, whether it draws.
+
 - ``"opt"``: OPT-Tree (Wang et al., arXiv 2406.17276), layer by layer; builder.py.
 - ``"heap"``: DySpec's greedy expansion (Xiong et al., arXiv 2410.11744): always expand the most
   probable node that could still change the best tree, ``batch`` nodes per draft forward. The
@@ -25,7 +28,8 @@ Every builder takes the same keywords from the step's :class:`~opttree.tree.plan
 (the most nodes one draft forward expands) and ``grow`` (whether to draft one more layer, asked
 before each draft forward past the first layer; None: the strategy's own rule). Fixed shapes
 ("static", "sampled") ignore both. With ``nodes="auto"`` the plan's ``size`` rule then keeps the
-top-m nodes by p̂ that maximise the expected tokens per second, whatever the strategy (opttree.budget).
+top-m nodes by p̂ that maximise the expected tokens per second, for every strategy whose record
+``follows_plan`` (all but "sampled", whose drawn tree keeps its own order; opttree.budget).
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from .builder import (BuiltTree, Grow, Growth, best_nodes, callable_form, from_p
 from .config import TreeConfig
 from .draft_tree import DraftTree
 from .plan import LayerState, StepPlan
+from .registry import Strategy, register_strategies, strategy
 from .sampled import grow_sampled_tree
 from .static_trees import DEFAULT_STATIC_TREE, check_paths
 
@@ -275,15 +280,19 @@ def grow_static_tree(root_probs: torch.Tensor, config: TreeConfig, max_depth=Non
 build_static_tree = callable_form(grow_static_tree)
 
 
-BUILDERS = {  # strategy -> its growing builder
-    "opt": grow_opt_tree,
-    "heap": grow_heap_tree,
-    "delayed": grow_delayed_tree,
-    "chain": grow_chain,
-    "static": grow_static_tree,
-    "sampled": grow_sampled_tree,
-}
-DRAWING = frozenset({"sampled"})  # strategies whose builder draws: grow_tree hands them generate()'s generator
+register_strategies(  # one record per strategy (registry.py): the docs list them in this order
+    Strategy(name="opt", grow=grow_opt_tree, summary="OPT-Tree", follows_plan=True, draws=False),
+    Strategy(name="heap", grow=grow_heap_tree, summary="the E(A)-optimal tree, DySpec's greedy expansion",
+             follows_plan=True, draws=False),
+    Strategy(name="delayed", grow=grow_delayed_tree, summary="a short path, then a tree", follows_plan=True,
+             draws=False),
+    Strategy(name="chain", grow=grow_chain, summary="one path: classic speculative decoding", follows_plan=True,
+             draws=False),
+    Strategy(name="static", grow=grow_static_tree, summary="static_tree=", follows_plan=True, draws=False),
+    # a drawn tree keeps its own order, and its shape must not depend on timings
+    Strategy(name="sampled", grow=grow_sampled_tree, summary="children drawn from the draft", follows_plan=False,
+             draws=True),
+)
 
 
 def grow_tree(root_probs: torch.Tensor, config: TreeConfig, max_depth: int | None = None,
@@ -300,10 +309,10 @@ def grow_tree(root_probs: torch.Tensor, config: TreeConfig, max_depth: int | Non
                              ".plan())")
         plan = StepPlan(nodes=config.nodes, threshold=config.threshold)
     step_config = replace(config, nodes=plan.nodes, threshold=plan.threshold)
-    builder = BUILDERS[config.strategy]
-    extra = {"generator": generator} if config.strategy in DRAWING else {}
-    built = yield from builder(root_probs, step_config, max_depth, width=plan.width, grow=plan.grow, **extra)
-    if plan.size is not None and type(built) is BuiltTree:  # subclasses keep their own order
+    record = strategy(config.strategy)
+    extra = {"generator": generator} if record.draws else {}
+    built = yield from record.grow(root_probs, step_config, max_depth, width=plan.width, grow=plan.grow, **extra)
+    if plan.size is not None and record.follows_plan:
         built = keep_best(built, plan.size(built.tree.path_probs))
     return built
 

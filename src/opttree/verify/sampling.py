@@ -215,5 +215,3 @@ def traversal_walk(built: BuiltTree, tree: DraftTree, logits: torch.Tensor, proc
     end, p = visit(-1, 1.0)
     return laws.acceptance(end, _draw(p, generator))
 
-
-SAMPLING_VERIFIERS = {"rrs": rrs_walk, "traversal": traversal_walk}

@@ -8,7 +8,8 @@ step ends. Every emitted token is thus exactly the token the target alone would 
 from the same context (greedy), or a draw from the target's own distribution there (sampling,
 "sample-and-match": lossless whatever the tree). This is ``verifier="match"``, what the official
 OPT-Tree code does; ``"rrs"`` (recursive rejection sampling) and ``"traversal"`` (Traversal
-Verification) live in sampling.py and are dispatched from :func:`verify` when sampling.
+Verification) live in sampling.py and are dispatched from :func:`verify` when sampling. The three
+records (:class:`~opttree.tree.registry.Verifier`) are registered at the end of this module.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from __future__ import annotations
 import torch
 
 from ..tree.draft_tree import DraftTree
+from ..tree.registry import Verifier, register_verifiers, verifier
 from .acceptance import Acceptance, Choose
-from .sampling import SAMPLING_VERIFIERS
+from .sampling import rrs_walk, traversal_walk
 
 __all__ = ["Acceptance", "Choose", "greedy_choice", "greedy_walk", "sampled_choice", "verify", "walk_tree", "with_rows"]
 
@@ -87,12 +89,11 @@ def verify(built, tree: DraftTree, logits: torch.Tensor, choose: Choose, config,
     sampling.py), given only when sampling; generator: the sampling verifiers' randomness.
 
     Greedy decoding (``process`` None) always takes the argmax walk: every verifier's output then
-    is the target's own greedy output. ``"rrs"`` and ``"traversal"``: sampling.py."""
-    if config.verifier == "match" or process is None:
+    is the target's own greedy output. ``"rrs"`` and ``"traversal"``: sampling.py (their records' walks)."""
+    walk = verifier(config.verifier).sampling_walk
+    if walk is None or process is None:
         return walk_tree(tree, logits, choose)
-    if config.verifier in SAMPLING_VERIFIERS:
-        return SAMPLING_VERIFIERS[config.verifier](built, tree, logits, process, generator)
-    raise ValueError(f"unknown verifier {config.verifier!r}")
+    return walk(built, tree, logits, process, generator)
 
 
 def greedy_choice(scores: torch.Tensor, generator=None) -> int:
@@ -106,3 +107,12 @@ def sampled_choice(scores: torch.Tensor, generator=None) -> int:
     if generator is not None and probs.device != generator.device:
         probs = probs.to(generator.device)
     return int(torch.multinomial(probs, 1, generator=generator))
+
+
+register_verifiers(  # one record per verifier (tree/registry.py): the docs list them in this order
+    Verifier(name="match", summary="its own token at each node, greedy or sampled", sized_by_auto=True,
+             sampling_walk=None),
+    # checked against the draft's own q: the tree's shape is left to the strategy
+    Verifier(name="rrs", summary="recursive rejection sampling", sized_by_auto=False, sampling_walk=rrs_walk),
+    Verifier(name="traversal", summary="Traversal Verification", sized_by_auto=False, sampling_walk=traversal_walk),
+)
