@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -20,6 +21,7 @@ from ..drafters.head.eagle import EagleConfig
 from ..hf.width import text_config
 from .eagle import PublishedHead, head_class
 from .eagle.fields import CONFIG_FILE
+from .pickled import read_pickled
 
 SAFETENSORS = "model.safetensors"
 PICKLED = "pytorch_model.bin"
@@ -67,8 +69,8 @@ def read_config(path: Path) -> dict:
 
 
 def read_state(path: Path) -> dict[str, torch.Tensor]:
-    """The head's tensors: model.safetensors, else pytorch_model.bin through ``torch.load(weights_only=True)``
-    (a pickle that would run code is refused by name, never unpickled)."""
+    """The head's tensors: model.safetensors, else pytorch_model.bin (:func:`.pickled.read_pickled`: through
+    ``torch.load(weights_only=True)``, a file of another kind, or a pickle of more than tensors, refused by name)."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
@@ -79,19 +81,13 @@ def read_state(path: Path) -> dict[str, torch.Tensor]:
             raise ValueError(f"could not read {path / SAFETENSORS} ({error}); restore the head's weights") from None
     if not (path / PICKLED).is_file():
         raise ValueError(f"{path} holds neither {SAFETENSORS} nor {PICKLED}: an EAGLE head's folder needs its weights")
-    try:
-        state = torch.load(path / PICKLED, map_location="cpu", weights_only=True)
-    except (OSError, RuntimeError, EOFError) as error:
-        raise ValueError(f"could not read {path / PICKLED} ({error}); restore the head's weights") from None
-    except Exception as error:  # weights_only's refusal is pickle's UnpicklingError (the library imports no pickle)
-        if type(error).__name__ != "UnpicklingError":
-            raise
-        raise ValueError(f"{path / PICKLED} is a pickle that torch.load(weights_only=True) refuses (it would run "
-                         f"code: {str(error).splitlines()[0]}); opttree never unpickles it. Convert it to "
-                         f"{SAFETENSORS} where you trust it") from None
-    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise ValueError(f"{path / PICKLED} must hold a dict of tensors; restore the head's weights")
-    return state
+    return read_pickled(path / PICKLED)
+
+
+def stored_dtype(state: dict[str, torch.Tensor]) -> str:
+    """The one floating dtype of a folder's tensors ("float16", ...); "" where they mix dtypes."""
+    kinds = {str(v.dtype).removeprefix("torch.") for v in state.values() if v.is_floating_point()}
+    return kinds.pop() if len(kinds) == 1 else ""
 
 
 def check_target(c: EagleConfig, target, path: Path) -> None:
@@ -143,7 +139,7 @@ def load_eagle(path: str | Path, target) -> PublishedHead:
     weights = functools.cache(lambda: read_state(path))
     cls = head_class(raw, path, weights)  # an unknown architecture is refused before any weight is read
     state = weights()
-    c = cls.read_config(raw, state, target, path)
+    c = replace(cls.read_config(raw, state, target, path), stored_dtype=stored_dtype(state))
     check_target(c, target, path)
     state = cls.key_map(state)
     if "d2t" in state:

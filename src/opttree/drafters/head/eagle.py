@@ -56,6 +56,7 @@ class EagleConfig:
     rope_frequencies: tuple[float, ...] = ()
     rope_attention_scaling: float = 1.0
     rope_settings: str = ""  # the head's config.json RoPE fields as read (a JSON object), written back by export
+    stored_dtype: str = ""  # the folder's floating dtype ("float16"...), what export writes; "" mixed, or no folder
 
     def __post_init__(self):
         object.__setattr__(self, "taps", tuple(int(i) for i in self.taps))

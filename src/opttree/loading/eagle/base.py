@@ -59,17 +59,17 @@ class PublishedHead(EagleHead):
         """A head of shapes ``c`` reading ``target``'s embedding (weights not loaded yet)."""
         return cls(c, target.get_input_embeddings(), d2t)
 
-    def exported(self) -> tuple[dict, dict[str, torch.Tensor]]:
-        """(config.json's object, the weights under the published names) of the head as it is."""
+    def exported(self, dtype: torch.dtype) -> tuple[dict, dict[str, torch.Tensor]]:
+        """(config.json's object for weights in ``dtype``, the weights under the published names, as they are:
+        the export casts them)."""
         raise NotImplementedError(f"{type(self).__name__} declares neither its export nor why it has none")
 
-    def export_form(self, layout: str) -> tuple[dict, dict[str, torch.Tensor]]:
-        """:meth:`exported`, refused unless ``layout`` is this head's, or where it has no exported form."""
+    def check_export(self, layout: str) -> None:
+        """Refused by name unless ``layout`` is this head's and it has an exported form (:meth:`exported`)."""
         if self.cannot_export is not None:
             raise ValueError(f"a {self.kind} head cannot be exported: {self.cannot_export}")
         if layout != self.kind:
             raise ValueError(f"this is an {self.kind} head: it exports as layout={self.kind!r}, not {layout!r}")
-        return self.exported()
 
 
 def read_shapes(raw: dict, layer: dict, names: Collection[str], target, path: Path) -> dict:

@@ -81,15 +81,15 @@ class Eagle1Head(PublishedHead):
             raise ValueError("an EAGLE-1/2 head reads the target's lm_head, and this target has none")
         return cls(c, target.get_input_embeddings(), lm_head.weight.detach())
 
-    def exported(self) -> tuple[dict, dict[str, torch.Tensor]]:
+    def exported(self, dtype: torch.dtype) -> tuple[dict, dict[str, torch.Tensor]]:
         c = self.c
         config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": c.hidden_size,
                   "num_attention_heads": c.num_heads, "num_key_value_heads": c.num_kv_heads, "head_dim": c.head_dim,
                   "intermediate_size": c.intermediate_size, "num_hidden_layers": c.num_layers,
                   "vocab_size": c.vocab_size, "rms_norm_eps": c.rms_eps, "rope_theta": c.rope_theta,
                   "hidden_act": "silu", "bias": c.fc_bias, "qkv_bias": c.qkv_bias,
-                  "torch_dtype": str(self.dtype).removeprefix("torch."), **rope_settings(c)}
-        return config, {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
+                  "torch_dtype": str(dtype).removeprefix("torch."), **rope_settings(c)}
+        return config, dict(self.state_dict())
 
 
 __all__ = ["Eagle1Head"]

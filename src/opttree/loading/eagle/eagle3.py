@@ -103,7 +103,7 @@ class Eagle3Head(PublishedHead):
         return {"midlayer." + key[len(LAYER_PREFIX):] if key.startswith(LAYER_PREFIX) else key: value
                 for key, value in super().key_map(state).items()}
 
-    def exported(self) -> tuple[dict, dict[str, torch.Tensor]]:
+    def exported(self, dtype: torch.dtype) -> tuple[dict, dict[str, torch.Tensor]]:
         """The config (module doc) and the weights plus ``t2d`` [V] bool (the kept target ids)."""
         c = self.c
         config = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": c.hidden_size,
@@ -112,13 +112,13 @@ class Eagle3Head(PublishedHead):
                   "draft_vocab_size": c.draft_vocab_size, "rms_norm_eps": c.rms_eps, "rope_theta": c.rope_theta,
                   "hidden_act": "silu", "attention_bias": c.qkv_bias, "tie_word_embeddings": False,
                   "norm_before_residual": c.norm_before_residual,
-                  "torch_dtype": str(self.dtype).removeprefix("torch.")}
+                  "torch_dtype": str(dtype).removeprefix("torch.")}
         config.update(rope_settings(c))
         if c.target_hidden_size != c.hidden_size:
             config["target_hidden_size"] = c.target_hidden_size
         config.update(written_ids(c.taps, c.target_layers))
         config[RECORD] = {RECORD_LAYERS: c.target_layers}  # the engines ignore it; the loader checks it
-        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
+        state = dict(self.state_dict())
         t2d = torch.zeros(c.vocab_size, dtype=torch.bool)
         t2d[self.token_ids.cpu()] = True
         state["t2d"] = t2d

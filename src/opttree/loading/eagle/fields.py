@@ -4,6 +4,7 @@ head's own RoPE (:func:`rope`, written back by :func:`rope_settings`). Rules: DE
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from ...hf.compat import STATIC_ROPE_TYPES, scaled_rope
@@ -14,8 +15,14 @@ ROPE_SETTINGS = ("rope_scaling", "rope_parameters", "max_position_embeddings", "
                  "partial_rotary_factor")
 
 
+#: what a field() of each kind must be, as its refusal says it
+KIND_WORDS = {bool: "a JSON boolean (true or false, unquoted)", int: "a whole number >= 1",
+              float: "a finite number > 0"}
+
+
 def field(config: dict, name: str, path: Path, default=None, kind=int):
-    """``config[name]`` checked to be a ``kind`` (a missing one: ``default``, or refused when None)."""
+    """``config[name]`` checked to be a ``kind`` (:data:`KIND_WORDS`; a missing one: ``default``, or refused
+    when None)."""
     value = config.get(name)
     if value is None:
         if default is None:
@@ -26,9 +33,10 @@ def field(config: dict, name: str, path: Path, default=None, kind=int):
     elif kind is int:
         ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
     else:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
     if not ok:
-        raise ValueError(f"{path / CONFIG_FILE}: {name!r} must be a positive {kind.__name__}, got {value!r}")
+        raise ValueError(f"{path / CONFIG_FILE}: {name!r} must be {KIND_WORDS[kind]}, got {json.dumps(value)}; "
+                         "correct the head's config.json")
     return kind(value)
 
 
@@ -69,4 +77,4 @@ def rope_settings(c) -> dict:
     return json.loads(c.rope_settings) if c.rope_settings else {}
 
 
-__all__ = ["CONFIG_FILE", "ROPE_SETTINGS", "field", "rope", "rope_settings"]
+__all__ = ["CONFIG_FILE", "KIND_WORDS", "ROPE_SETTINGS", "field", "rope", "rope_settings"]
