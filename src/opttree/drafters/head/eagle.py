@@ -108,18 +108,12 @@ class EagleHead(DraftHead):
     def entry(self, features: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """features [..., h] (fed), tokens [...] -> the first layer's input."""
 
-    def forward(self, features, tokens, positions, past, mask):
+    def forward(self, features, tokens, positions, past, mask, slots=None):
         x, news, kv_heads = self.entry(features, tokens), [], self.c.num_kv_heads
         for i, layer in enumerate(self.decoder_layers()):
-            x, new = layer(x, positions, None if past is None else past.layer(i, kv_heads), mask)
+            x, new = layer(x, positions, None if past is None else past.layer(i, kv_heads), mask, slots)
             news.append(new)
         return x, KV.stack(news)
-
-    def step_into(self, features, tokens, positions, cache, slots, mask):
-        x, kv_heads = self.entry(features, tokens)[None], self.c.num_kv_heads
-        for i, layer in enumerate(self.decoder_layers()):
-            x = layer.forward_into(x, positions[None], cache.layer(i, kv_heads), slots, mask)
-        return x[0]
 
     def shared_with_target(self) -> list:
         return list(self.embed)
