@@ -120,7 +120,8 @@ class VerifyRig:
         """One verification forward of ``n`` nodes, decoding's own (:meth:`~opttree.hf.compiled.ScratchTarget.run`):
         its seconds."""
         with torch.inference_mode():  # its inputs too: a compiled graph guards on inference tensors, and
-            return self.scratch.run(self._inputs(n))  # decoding's are (built outside, each size compiled again)
+            inputs = self._inputs(n)  # decoding's are (built outside, each size compiled again in decoding)
+            return self.scratch.run(inputs)
 
 
 def measure_verify(target, sizes=VERIFY_NODES, prefix: int = CALIBRATION_PREFIX,
