@@ -23,11 +23,10 @@ import copy
 import dataclasses
 import functools
 import inspect
-import sys
 
 import torch
 import transformers
-from transformers.generation.utils import GenerateDecoderOnlyOutput, GenerationMixin
+from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 OLD_CACHE_NAME = "past_key_values"
 NEW_CACHE_NAME = "cache"
@@ -89,27 +88,6 @@ def output_cache(cache) -> dict:
     return {GENERATE_CACHE_NAME: cache}
 
 
-@functools.lru_cache(maxsize=1)
-def _generate_code():
-    """The code object of GenerationMixin.generate's own body (under its decorators)."""
-    return inspect.unwrap(GenerationMixin.generate).__code__
-
-
-def generate_locals(max_depth: int = 5) -> dict:
-    """The local variables of the generate() call a few frames above the caller (read only; found by
-    generate()'s own code object), or {} when none is there. generate() hands a ``custom_generate``
-    callable only the arguments ``_sample()`` lacks: what else it was given is read here."""
-    frame = sys._getframe(1)
-    code = _generate_code()
-    for _ in range(max_depth):
-        frame = frame.f_back
-        if frame is None:
-            return {}
-        if frame.f_code is code:
-            return frame.f_locals
-    return {}
-
-
 #: RoPE types whose frequencies transformers computes once from the config (never from the run's length)
 STATIC_ROPE_TYPES = ("linear", "llama3", "yarn")
 #: the config.json fields transformers' Llama rotary embedding reads
@@ -130,14 +108,3 @@ def scaled_rope(fields: dict) -> tuple[tuple[float, ...], float]:
         raise ValueError(f"RoPE of type {kind!r} has no static frequencies ({', '.join(STATIC_ROPE_TYPES)} have)")
     inverse, scaling = ROPE_INIT_FUNCTIONS[kind](config, torch.device("cpu"))
     return tuple(inverse.float().tolist()), float(scaling)
-
-
-def streamer_kept_by_generate(max_depth: int = 4):
-    """The streamer generate() runs with, for a ``custom_generate=`` callable it called.
-
-    generate() puts the prompt into its ``streamer`` and then calls a custom_generate callable
-    WITHOUT it: transformers 5.x hands a callable only the arguments ``_sample()`` lacks, and
-    ``_sample()`` takes the streamer. So a callable that streams reads it from generate()'s frame
-    (:func:`generate_locals`). None when the caller is not generate() or it has no streamer.
-    """
-    return generate_locals(max_depth + 1).get("streamer")
