@@ -31,8 +31,8 @@ TIMED = [("opttree.loop.generation", "target_forward"), ("opttree.loop.drafting"
          ("opttree.drafters.head.feature_head", "FeatureHeadDrafter.root_probs"),
          ("opttree.tree.builder", "top_children"), ("opttree.tree.builder", "read_layer"),
          ("opttree.tree.draft_tree", "DraftTree.extend"), ("opttree.loop.walking", "greedy_walk"),
-         ("opttree.loop.rows", "Slots.inputs"), ("opttree.loop.rows", "Slots.keep"),
-         ("opttree.loop.rows", "commit_tokens"), ("opttree.drafters.mixed", "MixedDrafter.commit"),
+         ("opttree.loop.generation", "verify_inputs"), ("opttree.loop.slots", "Slots.keep"),
+         ("opttree.loop.committing", "commit_tokens"), ("opttree.drafters.mixed", "MixedDrafter.commit"),
          ("opttree.drafters.mixed", "MixedDrafter.add_features"),
          ("opttree.drafters.head.feature_head", "FeatureHeadDrafter.commit"),
          ("opttree.drafters.head.feature_head", "FeatureHeadDrafter.add_features")]

@@ -12,7 +12,9 @@ from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteria
 
 from models import partly_agreeing, peaked, tiny_model
 from opttree import TreeConfig, speculative, speculative_generate
-from opttree.loop import rows as batch_module
+from opttree.loop import rows as rows_module
+from opttree.loop import slots as slots_module
+from opttree.loop import verify_inputs as inputs_module
 
 FAMILIES = ["llama", "qwen2", "gpt2", "opt", "gemma"]
 
@@ -89,11 +91,11 @@ def test_half_precision_and_eager_batches(family, attn, dtype):
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
 def test_squeezing_the_holes_out_every_step_changes_nothing(family, monkeypatch):
     """Compaction (kv_cache.compact_rows) moves every row's slots; positions and masks follow."""
-    monkeypatch.setattr(batch_module.kv_cache, "COMPACT_MIN_HOLES", 0)
-    monkeypatch.setattr(batch_module.kv_cache, "COMPACT_SHARE", 0.0)
+    monkeypatch.setattr(slots_module.kv_cache, "COMPACT_MIN_HOLES", 0)
+    monkeypatch.setattr(slots_module.kv_cache, "COMPACT_SHARE", 0.0)
     calls = []
-    real = batch_module.kv_cache.compact_rows
-    monkeypatch.setattr(batch_module.kv_cache, "compact_rows", lambda cache, valid: calls.append(1) or real(cache, valid))
+    real = slots_module.kv_cache.compact_rows
+    monkeypatch.setattr(slots_module.kv_cache, "compact_rows", lambda cache, valid: calls.append(1) or real(cache, valid))
     target, drafts = pairs(family)
     ids, mask = padded([1, 14, 6, 9], seed=13, pad=target.generation_config.pad_token_id)
     ref = target.generate(ids, attention_mask=mask, max_new_tokens=20, do_sample=False)
@@ -214,6 +216,47 @@ def test_a_padded_single_prompt_and_the_other_entry_points():
     assert torch.equal(out, ref)
 
 
+
+@pytest.mark.parametrize("family", ["llama", "gpt2", "gemma3 windowed"])
+def test_one_prompt_decodes_alike_as_a_batch_of_one(family, monkeypatch):
+    """Batch 1 is the rows' layout with its one declared switch off (slots.Slots.holes: no padding, no
+    other row). Declaring holes for one unpadded prompt runs it as a batch of one (its own slots
+    recorded, its path kept by keep_row_slots, its masks by batch_verification_inputs): the same tokens
+    and logits as without, and as plain generate(), so the two cannot drift apart below the loop.
+    Controls: the switch is off by default and on where declared."""
+    from models import windowed_model
+
+    if family == "gemma3 windowed":  # one row's cache keeps only the window without holes, every slot with
+        target = peaked(windowed_model("gemma3", 8), 30.0)
+        drafts = [target, windowed_model("gemma3", 8, seed=1)]
+    else:
+        target = peaked(tiny_model(family, seed=0), scale=30.0)
+        target.generation_config.eos_token_id = None  # every run goes the whole length
+        drafts = [target, partly_agreeing(target)]
+    ids = torch.randint(3, 90, (1, 11), generator=torch.Generator().manual_seed(3))
+    kw = dict(max_new_tokens=24, do_sample=False, output_logits=True, return_dict_in_generate=True)
+    plain = target.generate(ids, **kw)
+    of, made = slots_module.Slots.of.__func__, []
+
+    def recorded(cls, mask, padding, layout, kv_len, holes, forced=False):
+        made.append(of(cls, mask, padding, layout, kv_len, holes or forced))
+        return made[-1]
+
+    def run(draft):
+        return target.generate(ids, custom_generate=speculative_generate, draft_model=draft, nodes=8, threshold=0.0,
+                               **kw)
+
+    monkeypatch.setattr(slots_module.Slots, "of", classmethod(recorded))
+    alone = [run(draft) for draft in drafts]
+    assert [slots.holes for slots in made] == [False] * len(drafts)
+    monkeypatch.setattr(slots_module.Slots, "of", classmethod(lambda *a, **k: recorded(*a, **k, forced=True)))
+    as_batch = [run(draft) for draft in drafts]
+    assert [slots.holes for slots in made[len(drafts):]] == [True] * len(drafts)
+    for one, batch in zip(alone, as_batch):
+        assert torch.equal(one.sequences, plain.sequences) and torch.equal(batch.sequences, plain.sequences)
+        assert max(float((a - b).abs().max()) for a, b in zip(one.logits, batch.logits)) < 1e-4
+
+
 class StopAfter(StoppingCriteria):
     def __init__(self, token):
         self.token = token
@@ -251,8 +294,8 @@ def test_positions_that_count_the_padding_are_caught(monkeypatch):
     ref = target.generate(ids, attention_mask=mask, max_new_tokens=16, do_sample=False)
     draft = partly_agreeing(target)
     assert torch.equal(spec(target, draft, ids, mask, max_new_tokens=16, nodes=8, threshold=0.0).sequences, ref)
-    real = batch_module.batch_verification_inputs
-    monkeypatch.setattr(batch_module, "batch_verification_inputs", lambda roots, trees, positions, visible, dtype, **kw:
+    real = inputs_module.batch_verification_inputs
+    monkeypatch.setattr(inputs_module, "batch_verification_inputs", lambda roots, trees, positions, visible, dtype, **kw:
                         real(roots, trees, torch.full_like(positions, visible.shape[1]), visible, dtype, **kw))
     out = spec(target, draft, ids, mask, max_new_tokens=16, nodes=8, threshold=0.0)
     assert not torch.equal(out.sequences[0], ref[0])
@@ -264,8 +307,8 @@ def test_visible_holes_and_padding_are_caught(monkeypatch):
     target, drafts = pairs("llama")
     ids, mask = padded([2, 12, 5], seed=8)
     ref = target.generate(ids, attention_mask=mask, max_new_tokens=20, do_sample=False)
-    real = batch_module.batch_verification_inputs
-    monkeypatch.setattr(batch_module, "batch_verification_inputs",
+    real = inputs_module.batch_verification_inputs
+    monkeypatch.setattr(inputs_module, "batch_verification_inputs",
                         lambda roots, trees, pos, visible, dtype, **kw: real(roots, trees, pos, torch.ones_like(visible), dtype,
                                                                              **kw))
     out = spec(target, drafts["partly"], ids, mask, max_new_tokens=20, nodes=8, threshold=0.0)
@@ -510,17 +553,17 @@ def test_a_pad_id_inside_a_prompt_past_a_sliding_window(monkeypatch):
     for draft in (target, windowed_model("gemma3", 8, seed=1)):
         out = run(draft)
         assert torch.equal(out.sequences, plain.sequences) and gap(out) < 1e-5
-    of = batch_module.Slots.of.__func__
+    of = slots_module.Slots.of.__func__
 
-    def by_position(cls, mask, padding, layout, kv_len):
-        slots = of(cls, mask, padding, layout, kv_len)
+    def by_position(cls, mask, padding, layout, kv_len, holes):
+        slots = of(cls, mask, padding, layout, kv_len, holes)
         slots.index = mask[:, :-1].long().cumsum(1) - 1
         return slots
 
-    monkeypatch.setattr(batch_module.Row, "root_index", property(lambda row: row.root_position))
-    monkeypatch.setattr(batch_module.Row, "root_position",
+    monkeypatch.setattr(rows_module.Row, "root_index", property(lambda row: row.root_position))
+    monkeypatch.setattr(rows_module.Row, "root_position",
                         property(lambda row: len(row.sequence) - row.pad - 1 - row.hidden))
-    monkeypatch.setattr(batch_module.Slots, "of", classmethod(by_position))
+    monkeypatch.setattr(slots_module.Slots, "of", classmethod(by_position))
     assert gap(run(target)) > 1e-3
 
 

@@ -108,7 +108,7 @@ def test_good_arguments_do_reach_the_loader(no_loading, tmp_path):
     for argv in (["--methods", "plain", "--seed", "-1"],
                  ["--target", "smollm2:7b", "--nodes", "3", "--draft", "truncated:2"],
                  ["--target", str(folder), "--draft", str(folder), "--opttree", "nodes=4,compiled=1"],
-                 ["--target", "HuggingFaceTB/SmolLM2-135M-Instruct", "--device", "cpu", "--methods", "plain,opttree"]):
+                 ["--target", "HuggingFaceTB/SmolLM2-135M-Instruct", "--device", "cpu", "--methods", "plain,lookup"]):
         with pytest.raises(Loaded):
             cli.main(argv)
 

@@ -31,7 +31,7 @@ class ShortTokenizer(CharTokenizer):
 def test_opttree_alone_prints_usage_and_fails(capsys):
     assert top.main([]) == 2
     err = capsys.readouterr().err
-    assert "usage: opttree {distill,bench,arguments,export}" in err and "no command given" in err
+    assert "usage: opttree {distill,bench,arguments,export,smollm2}" in err and "no command given" in err
     assert top.main(["frobnicate"]) == 2
     assert top.main(["--help"]) == 0 and "usage: opttree" in capsys.readouterr().out
 

@@ -17,7 +17,7 @@ from transformers import CompileConfig
 from models import peaked, tiny_model
 from opttree import SpeculativeGenerator, speculative_generate
 from opttree.distill.train.head import new_head
-from opttree.drafters.head.drafter import CompiledHeadDrafter, FeatureHeadDrafter
+from opttree.drafters.head.drafter import FeatureHeadDrafter
 from opttree.drafters.head.graph import HeadSteps
 from opttree.tree import DraftTree
 import test_feature_head  # its OffByOne, made a compiled drafter below
@@ -62,7 +62,7 @@ def forced(backend="eager") -> CompileConfig:
     return config
 
 
-def compiled_drafter(head, target, room=64) -> CompiledHeadDrafter:
+def compiled_drafter(head, target, room=64) -> FeatureHeadDrafter:
     return head.for_target(target).compiled(forced(), room)
 
 
@@ -99,10 +99,6 @@ def test_the_compiled_drafter_drafts_the_eager_drafters_q(layers, room):
     assert fixed.buffers.slots >= fixed.cached + 7
 
 
-class OffByOne(test_feature_head.OffByOne, CompiledHeadDrafter):
-    """A compiled head drafter whose tree nodes sit one position too early (negative control)."""
-
-
 @pytest.mark.parametrize("broken", [False, True])
 def test_the_compiled_oracle_tree_probs_are_the_targets_probs(broken):
     """Positions, rotary, the fixed cache's slots and the whole-buffer mask all right: each node's
@@ -111,7 +107,7 @@ def test_the_compiled_oracle_tree_probs_are_the_targets_probs(broken):
     head = oracle_head(target)
     drafter = compiled_drafter(head, target)
     if broken:
-        drafter = OffByOne(head, None, drafter.steps, drafter.buffers.slots)
+        drafter = test_feature_head.OffByOne(head, None, drafter.steps, drafter.buffers.slots)
     ids = prompt(1)
     pool = DraftTree(torch.tensor([5, 6, 7, 8]), torch.tensor([-1, -1, 0, 2]), torch.ones(4))
     drafter, _ = drafter_after(drafter, target, ids)

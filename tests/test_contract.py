@@ -66,6 +66,50 @@ def test_every_argument_plain_generate_takes_is_placed_exactly_once(family):
     assert not (set(HONOURED) & set(REFUSED) or set(HONOURED) & set(NOT_APPLYING) or set(REFUSED) & set(NOT_APPLYING))
 
 
+def _source(function) -> str:
+    return inspect.getsource(inspect.unwrap(function))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_declared_generate_facts_are_the_installed_transformers(family):
+    """contract.py declares what generate() takes itself instead of parsing transformers' source at run
+    time; this reads the installed transformers (5.18.0 and 5.24.0 in CI) and fails where they part."""
+    import re
+
+    from transformers.generation.utils import GenerationMixin
+
+    generate = GenerationMixin.generate
+    assert set(inspect.signature(generate).parameters) - {"self", "kwargs"} == set(contract.GENERATE_PARAMETERS)
+    popped = set()
+    for function in (generate, GenerationMixin._extract_generation_mode_kwargs):
+        popped |= set(re.findall(r"kwargs\.pop\(\s*[\"'](\w+)[\"']", _source(function)))
+    assert popped == set(contract.POPPED_BY_GENERATE)
+    renamed = re.findall(r"deprecate_kwarg\(\s*[\"'](\w+)[\"']\s*,[^)]*new_name=[\"']cache[\"']",
+                         inspect.getsource(generate))
+    assert set(renamed) == set(contract.RENAMED_TO_CACHE), tf.__version__
+    listed = re.search(r"key not in \[([^\]]*)\]", _source(type(tiny_model(family))._validate_model_kwargs))
+    assert listed and set(re.findall(r"[\"'](\w+)[\"']", listed.group(1))) == set(contract.ALWAYS_ACCEPTED)
+
+
+def test_a_drift_in_the_declared_facts_is_caught(monkeypatch):
+    """Negative control: a declaration that lacks a keyword generate() pops loses the name and fails the
+    drift test."""
+    monkeypatch.setattr(contract, "POPPED_BY_GENERATE", ("trust_remote_code", "input_ids", "tokenizer"))
+    assert "assistant_tokenizer" not in generate_arguments(tiny_model("llama"))
+    with pytest.raises(AssertionError):
+        test_the_declared_generate_facts_are_the_installed_transformers("llama")
+
+
+def test_src_reads_no_source_and_no_frame_of_transformers():
+    """Issue 59: no inspect.getsource and no sys._getframe in src/ (the one frame read is hf/generate_call.py's)."""
+    src = Path(__file__).resolve().parents[1] / "src"
+    for path in src.rglob("*.py"):
+        text = path.read_text()
+        assert "getsource" not in text and "_getframe" not in text, path
+        if "currentframe" in text or "f_back" in text:
+            assert path.relative_to(src).as_posix() == "opttree/hf/generate_call.py", path
+
+
 def test_gpt2s_own_model_inputs_are_read_from_its_forward():
     assert {"token_type_ids", "encoder_hidden_states"} <= generate_arguments(tiny_model("gpt2"))
     assert "token_type_ids" not in generate_arguments(tiny_model("llama"))

@@ -194,8 +194,10 @@ def test_a_pickle_that_weights_only_refuses_is_refused_by_name(tmp_path):
     state = torch.load(folder / "pytorch_model.bin", weights_only=True)
     state["extra"] = Gadget()
     torch.save(state, folder / "pytorch_model.bin")
-    with pytest.raises(ValueError, match="pytorch_model.bin is a pickle that torch.load\\(weights_only=True\\) refuses"):
+    with pytest.raises(ValueError, match="pytorch_model.bin is a pickle that builds .*Gadget, not only tensors: "
+                                         "unpickling it could run code, and opttree never does") as error:
         opttree.load_draft(folder, target)
+    assert "weights_only" not in str(error.value)  # never torch's advice to pass weights_only=False
 
 
 def test_the_heads_own_attention_shape_eps_and_rope_are_read_not_the_targets(tmp_path):

@@ -136,18 +136,27 @@ def test_tree_probs_equal_each_paths_chain_probs():
         torch.testing.assert_close(tree_probs[node], probs, rtol=1e-4, atol=1e-6)
 
 
-def test_head_reads_the_targets_feature_of_the_previous_position():
+def test_head_reads_the_targets_feature_of_the_previous_position(monkeypatch):
     target = peaked(tiny_model("qwen2", seed=0), scale=30.0)
     head = oracle_head(peaked(tiny_model("llama", seed=3, layers=1), scale=30.0))  # any head of the right shape
     head.embed = [target.get_input_embeddings()]
     fed = {}  # position -> feature the cache entry was computed from
-    forward = head.forward
+    forward, root_probs, rooting = head.forward, FeatureHeadDrafter.root_probs, []
 
-    def recording(features, tokens, positions, past, mask):
-        if past is None or mask.shape[-1] - mask.shape[-2] == len(past):  # root_probs: no tree entries
+    def flagged(self, sequence):  # the committed entries are fed in root_probs; tree entries in expand
+        rooting.append(True)
+        try:
+            return root_probs(self, sequence)
+        finally:
+            rooting.pop()
+
+    def recording(features, tokens, positions, past, mask, slots=None):
+        if rooting:
             for p, f in zip(positions[0].tolist(), features[0]):
                 fed[p] = f.clone()
-        return forward(features, tokens, positions, past, mask)
+        return forward(features, tokens, positions, past, mask, slots)
+
+    monkeypatch.setattr(FeatureHeadDrafter, "root_probs", flagged)
 
     head.forward = recording
     ids = prompt(4)

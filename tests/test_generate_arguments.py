@@ -322,9 +322,9 @@ def test_stop_strings_with_a_tokenizer_equal_plain(family, monkeypatch):
     assert torch.equal(model.generate(ids, max_new_tokens=30, do_sample=False, tokenizer=tok, draft_model=draft), ref)
     config = tf.GenerationConfig(max_new_tokens=30, do_sample=False, stop_strings=[stop])
     assert torch.equal(SpeculativeGenerator(target, draft).generate(ids, generation_config=config, tokenizer=tok), ref)
-    from opttree.integration import entry  # negative control: issue 35's error where the criterion is not made first
+    from opttree.integration import precheck  # negative control: issue 35's error where the criterion is not made first
 
-    monkeypatch.setattr(entry, "stop_strings_criterion", lambda model, kwargs: None)
+    monkeypatch.setattr(precheck, "stop_strings_criterion", lambda model, kwargs: None)
     with pytest.raises(ValueError, match="could not locate a tokenizer"):
         ways(target, draft)["draft_model"](input_ids=ids, max_new_tokens=30, stop_strings=[stop], tokenizer=tok)
 

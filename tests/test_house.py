@@ -7,7 +7,7 @@ from pathlib import Path
 import opttree
 
 PACKAGE = Path(opttree.__file__).parent
-LONGEST = 60  # lines of one function in loop/ and integration/ (the loop reads as its numbered steps)
+LONGEST = 60  # lines of one function in loop/, integration/ and drafters/ (the loop reads as its numbered steps)
 
 
 def long_functions(folder: Path, most: int) -> list[str]:
@@ -25,6 +25,7 @@ def long_functions(folder: Path, most: int) -> list[str]:
 def test_no_function_of_the_loop_or_the_face_is_longer_than_a_screen():
     assert long_functions(PACKAGE / "loop", LONGEST) == []
     assert long_functions(PACKAGE / "integration", LONGEST) == []
+    assert long_functions(PACKAGE / "drafters", LONGEST) == []
     assert long_functions(PACKAGE / "loop", 20)  # control: the measure sees the loop's functions
 
 

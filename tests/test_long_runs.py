@@ -143,7 +143,7 @@ def test_a_prompt_near_the_context_limit_stops_there_with_a_warning(family, capl
     ids = torch.randint(3, VOCAB, (1, 58), generator=torch.Generator().manual_seed(1))
     ref = target.generate(ids, max_new_tokens=7, do_sample=False)  # the last one from position 63
     for draft in (target, long_model(1, positions=64, family=family), "prompt_lookup"):
-        with caplog.at_level(logging.WARNING, logger="opttree.loop.rows"):
+        with caplog.at_level(logging.WARNING, logger="opttree.loop.committing"):
             caplog.clear()
             out = target.generate(ids, do_sample=False, custom_generate=speculative_generate, draft_model=draft,
                                   max_new_tokens=20, nodes=10, threshold=0.0, max_depth=10)
@@ -155,7 +155,7 @@ def test_a_draft_with_a_shorter_context_sets_the_limit(caplog):
     target, draft = peaked(long_model(0, positions=64), scale=30.0), peaked(long_model(0, positions=48), scale=30.0)
     ids = torch.randint(3, VOCAB, (1, 40), generator=torch.Generator().manual_seed(2))
     ref = target.generate(ids, max_new_tokens=9, do_sample=False)
-    with caplog.at_level(logging.WARNING, logger="opttree.loop.rows"):
+    with caplog.at_level(logging.WARNING, logger="opttree.loop.committing"):
         out = target.generate(ids, do_sample=False, custom_generate=speculative_generate, draft_model=draft,
                               max_new_tokens=20, nodes=10, threshold=0.0)
     assert torch.equal(out, ref)

@@ -51,6 +51,21 @@ def test_feature_head_step(counts):
     assert step.ops <= 505  # measured 493 (torch 2.13, transformers 5.18 and 5.24, stock linears)
 
 
+def test_one_row_keeps_no_holes_for_what_they_cost(counts, monkeypatch):
+    """Why batch 1 is the rows' layout with its ``holes`` switch off (loop/slots.Slots): declared on for
+    one prompt, the holes' bookkeeping costs two host reads and three uploads per step more (measured
+    13.9 reads and 4 uploads against 11.9 and 1, model drafter, torch 2.13), over the bounds above."""
+    from opttree.loop import slots
+
+    of = slots.Slots.of.__func__
+    monkeypatch.setattr(slots.Slots, "of", classmethod(lambda cls, *args, holes: of(cls, *args, holes=True)))
+    step, depth = measure("model", 60, 10, sample=False)
+    alone, alone_depth = counts["model", 60]
+    assert depth == alone_depth  # the same trees
+    assert step.reads >= alone.reads + 2 and step.uploads >= alone.uploads + 3
+    assert step.reads > depth + 2 and step.uploads > 1  # test_model_drafter_step_targets' bounds
+
+
 @pytest.mark.parametrize("kind, kernels, reads, uploads", [("model", 310, 30, 16), ("head", 320, 20, 5)])
 def test_sampled_step(kind, kernels, reads, uploads):
     """Sampling (top_k=0, seeded): the verifier draws per node on the device; measured 293 kernels,

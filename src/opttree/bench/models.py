@@ -26,7 +26,9 @@ from .inflate import SIZES, inflate, parse_size
 from ..loading import load_draft
 from ..loading.draft_dtype import in_dtype
 from ..loading.eagle_folder import is_eagle_head
-from ..loading.files import META_FILE
+from ..loading.files import META_FILE, read_meta
+from ..loading.head_file import HEAD_FORMATS
+from ..loading.hub import is_hub_id
 from ..smollm2 import GGUF_FILE
 
 TARGET_FORMS = ("give 'smollm2', a folder holding a from_pretrained model (config.json) or SmolLM2's GGUF file, or a "
@@ -43,18 +45,6 @@ def split_size(spec: str) -> tuple[str, str | None]:
     return spec, None
 
 
-def is_hub_id(spec: str) -> bool:
-    """Whether ``spec`` has the form of a Hugging Face Hub id, which from_pretrained fetches where no
-    folder of that name exists (whether the Hub has it is for from_pretrained to say)."""
-    from huggingface_hub.utils import HFValidationError, validate_repo_id
-
-    try:
-        validate_repo_id(spec)
-    except HFValidationError:
-        return False
-    return True
-
-
 def check_source(option: str, spec: str, files: tuple[str, ...], forms: str) -> None:
     """ValueError (naming ``option``, the path and ``forms``) unless ``spec`` is a folder holding one of
     ``files``, or no folder but a Hub id."""
@@ -66,6 +56,20 @@ def check_source(option: str, spec: str, files: tuple[str, ...], forms: str) -> 
         raise ValueError(f"{option} {spec}: a file, not a folder; {forms}")
     elif not is_hub_id(spec):
         raise ValueError(f"{option} {spec}: no such folder ({path.absolute()}); {forms}")
+
+
+def is_head_spec(spec: str | None) -> bool:
+    """Whether ``spec`` names a feature head's folder (``opttree distill --kind head``'s, or an EAGLE head's),
+    which HF's assisted generation cannot run; read from its JSON (and weights' names), no model loaded."""
+    if not spec or spec == "none" or spec.startswith("truncated:"):
+        return False
+    path = Path(spec)
+    if (path / META_FILE).is_file():
+        try:
+            return read_meta(path).get("format") in HEAD_FORMATS
+        except ValueError:
+            return False
+    return is_eagle_head(path)
 
 
 def check_target_spec(spec: str) -> None:

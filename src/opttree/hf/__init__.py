@@ -3,6 +3,8 @@
 * :mod:`.kv_cache`: the cache: keep a step's accepted slots, the rows' holes, compaction;
 * :mod:`.compat`: names that moved between transformers versions (the cache's), and a draft head's
   scaled RoPE as transformers computes it;
+* :mod:`.generate_call`: the one seam no argument covers: what generate() was called with but keeps from a
+  ``custom_generate`` callable (read from its frame for ``custom_generate=speculative_generate``);
 * :mod:`.validation`: a model's context and attention; checks of a generate() call;
 * :mod:`.tree_cache`: the cache contract (which caches a call may use, refused by name with a fix),
   and the target's cache opened for trees and closed back as plain leaves it;

@@ -23,11 +23,10 @@ import copy
 import dataclasses
 import functools
 import inspect
-import sys
 
 import torch
 import transformers
-from transformers.generation.utils import GenerateDecoderOnlyOutput, GenerationMixin
+from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 OLD_CACHE_NAME = "past_key_values"
 NEW_CACHE_NAME = "cache"
@@ -89,27 +88,6 @@ def output_cache(cache) -> dict:
     return {GENERATE_CACHE_NAME: cache}
 
 
-@functools.lru_cache(maxsize=1)
-def _generate_code():
-    """The code object of GenerationMixin.generate's own body (under its decorators)."""
-    return inspect.unwrap(GenerationMixin.generate).__code__
-
-
-def generate_locals(max_depth: int = 5) -> dict:
-    """The local variables of the generate() call a few frames above the caller (read only; found by
-    generate()'s own code object), or {} when none is there. generate() hands a ``custom_generate``
-    callable only the arguments ``_sample()`` lacks: what else it was given is read here."""
-    frame = sys._getframe(1)
-    code = _generate_code()
-    for _ in range(max_depth):
-        frame = frame.f_back
-        if frame is None:
-            return {}
-        if frame.f_code is code:
-            return frame.f_locals
-    return {}
-
-
 #: RoPE types whose frequencies transformers computes once from the config (never from the run's length)
 STATIC_ROPE_TYPES = ("linear", "llama3", "yarn")
 #: the config.json fields transformers' Llama rotary embedding reads
@@ -132,12 +110,9 @@ def scaled_rope(fields: dict) -> tuple[tuple[float, ...], float]:
     return tuple(inverse.float().tolist()), float(scaling)
 
 
-def streamer_kept_by_generate(max_depth: int = 4):
-    """The streamer generate() runs with, for a ``custom_generate=`` callable it called.
-
-    generate() puts the prompt into its ``streamer`` and then calls a custom_generate callable
-    WITHOUT it: transformers 5.x hands a callable only the arguments ``_sample()`` lacks, and
-    ``_sample()`` takes the streamer. So a callable that streams reads it from generate()'s frame
-    (:func:`generate_locals`). None when the caller is not generate() or it has no streamer.
-    """
-    return generate_locals(max_depth + 1).get("streamer")
+def prepared_pad_token_id(generation_config) -> int | None:
+    """The pad token id generate() prepared for this call: ``_prepare_special_tokens`` resolves
+    ``pad_token_id`` (the config's, else the first EOS id, with its warning) into the private
+    ``_pad_token_tensor`` (transformers 5.18.0 to 5.24.0), the one generate() itself pads with."""
+    pad = generation_config._pad_token_tensor
+    return None if pad is None else int(pad)

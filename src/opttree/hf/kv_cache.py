@@ -154,7 +154,7 @@ def keep_slots(cache: DynamicCache | StaticCache, start: int, slots: list[int],
 
 
 # ---------------------------------------------------------------------------------------------
-# batches (loop/rows.py): rows share the slots; a row's unused slots are holes its mask hides
+# batches (loop/slots.py): rows share the slots; a row's unused slots are holes its mask hides
 
 
 def keep_row_slots(cache: DynamicCache | StaticCache, start: int, slots: torch.Tensor) -> None:

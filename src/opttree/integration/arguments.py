@@ -7,10 +7,9 @@ Two moments:
 - :func:`check_call`, inside the callable (every entry point): generate()'s prepared config, model
   kwargs and logits processors.
 - :func:`~.contract.check_dropped_arguments` (written beside the refusals it reads, and handed on
-  here) and :func:`stop_strings_criterion`, before generate() runs (the ``draft_model=`` entry
-  points, :class:`~opttree.SpeculativeGenerator`, ``hub_generate``): generate() hands a callable
-  neither ``tokenizer=`` nor ``assistant_model=`` nor ``synced_gpus=``, and runs
-  ``cache_implementation="paged"`` without it.
+  here) and :func:`stop_strings_criterion`, before generate() runs, in the one pre-check of every way
+  in (:func:`.precheck.precheck`): generate() hands a callable neither ``tokenizer=`` nor
+  ``assistant_model=`` nor ``synced_gpus=``, and runs ``cache_implementation="paged"`` without it.
 """
 
 from __future__ import annotations

@@ -13,10 +13,12 @@ one of three sets.
 :data:`ADDED` holds the arguments opttree adds to generate(). ``opttree arguments`` prints all four as
 the page ``docs/arguments.md`` (:mod:`.contract_page`).
 
-The names are not typed from memory: :func:`generate_arguments` reads them from transformers itself
-(``GenerationConfig``'s fields, generate()'s signature and the keywords its body pops, and the model
-kwargs generate() accepts for a model), and ``tests/test_contract.py`` fails on any name that is in
-none of the sets or in two, so a transformers release that adds an argument fails until it is placed.
+The names: :func:`generate_arguments` takes ``GenerationConfig``'s fields and a model's own inputs (its
+declared signatures) from transformers, and declares what generate() takes itself (its parameters, the
+keywords its body pops, those its decorators rename, the model kwargs it always lets through: nothing
+here reads transformers' source). ``tests/test_contract.py`` reads the installed transformers' source and
+fails where it and these declarations part, and fails on any name in none of the sets or in two, so a
+transformers release that adds an argument fails until it is placed.
 
 :mod:`.arguments` enforces the refusals a value decides. A refusal that needs more than its value names
 the functions that check it (``Refusal.checked_by``): :func:`check_dropped_arguments` and
@@ -27,14 +29,13 @@ the functions that check it (``Refusal.checked_by``): :func:`check_dropped_argum
 from __future__ import annotations
 
 import inspect
-import re
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 from transformers import GenerationConfig
-from transformers.generation.utils import GenerationMixin
 
+from ..hf.compat import GENERATE_CACHE_NAME, NEW_CACHE_NAME
 from ..hf.tree_cache import IMPLEMENTATION_FIX, OBJECT_FIX, check_cache, implementation_refused
 from ..hf.validation import check_generation_mode
 from ..tree import registry
@@ -258,8 +259,8 @@ REFUSED: dict[str, Refusal] = {
                                     (check_generation_mode,), 1),
     "use_mtp": Refusal("HF's multi-token-prediction speculation; pass one speculative method", _given,
                        (check_generation_mode,), True),
-    "assistant_model": Refusal("HF's assisted generation; opttree takes the assistant itself as draft_model=", _given,
-                               (check_dropped_arguments,)),
+    "assistant_model": Refusal("draft_model= and assistant_model= are two speculative methods; pass one (opttree takes "
+                               "the assistant itself as draft_model=)", _given, (check_dropped_arguments,)),
     "guidance_scale": Refusal(
         "classifier-free guidance runs a second, stateful forward per token that tree nodes would corrupt; "
         + NO_DRAFT, lambda v: v is not None and v != 1, example=1.5),
@@ -322,7 +323,23 @@ def unplaced(names) -> set[str]:
 
 
 # ---------------------------------------------------------------------------------------------
-# the arguments, read from transformers itself
+# the arguments: declared here; tests/test_contract.py reads the installed transformers' source and
+# signatures and fails where these declarations and it part
+
+
+#: generate()'s own named parameters (transformers 5.18.0 to 5.24.0)
+GENERATE_PARAMETERS = ("inputs", "generation_config", "logits_processor", "stopping_criteria", "prefix_allowed_tokens_fn",
+                       "synced_gpus", "assistant_model", "streamer", "negative_prompt_ids",
+                       "negative_prompt_attention_mask", "custom_generate")
+#: the keywords generate() takes out of its ``**kwargs`` itself before the rest become model kwargs: its own
+#: body pops trust_remote_code (and input_ids from the model kwargs), ``_extract_generation_mode_kwargs``
+#: pops tokenizer and assistant_tokenizer
+POPPED_BY_GENERATE = ("trust_remote_code", "input_ids", "tokenizer", "assistant_tokenizer")
+#: the keywords generate()'s decorators rename to ``cache`` (from 5.24, the transformers whose generate()
+#: names its cache ``cache``; none before)
+RENAMED_TO_CACHE = ("past_key_values", "cache_params") if GENERATE_CACHE_NAME == NEW_CACHE_NAME else ()
+#: the model kwargs ``_validate_model_kwargs`` lets through for any model (its ``key not in [...]`` list)
+ALWAYS_ACCEPTED = ("debug_io", "mm_encoder_outputs")
 
 
 def config_fields() -> set[str]:
@@ -331,34 +348,24 @@ def config_fields() -> set[str]:
 
 
 def generate_signature() -> set[str]:
-    """generate()'s own parameters and the keywords its body pops from ``**kwargs`` before the model
-    kwargs are split off (trust_remote_code, tokenizer, assistant_tokenizer, ...), and those its
-    decorators rename (past_key_values -> cache)."""
-    generate = GenerationMixin.generate
-    names = set(inspect.signature(generate).parameters) - {"self", "kwargs"}
-    for function in (generate, GenerationMixin._extract_generation_mode_kwargs):
-        names |= set(re.findall(r"kwargs\.pop\(\s*[\"'](\w+)[\"']", inspect.getsource(inspect.unwrap(function))))
-    names |= set(re.findall(r"deprecate_kwarg\(\s*[\"'](\w+)[\"']", inspect.getsource(generate)))
-    return names
+    """generate()'s own parameters, the keywords it pops from ``**kwargs`` before the model kwargs are
+    split off, and those its decorators rename (declared above)."""
+    return {*GENERATE_PARAMETERS, *POPPED_BY_GENERATE, *RENAMED_TO_CACHE}
 
 
 def model_kwargs(model) -> set[str]:
-    """The model kwargs generate() lets through for ``model`` (its ``_validate_model_kwargs``):
-    prepare_inputs_for_generation's parameters, the forward's when that takes ``**kwargs``, and
-    transformers' model-agnostic TransformersKwargs."""
+    """The model kwargs generate() lets through for ``model`` (its ``_validate_model_kwargs``): the
+    model's prepare_inputs_for_generation's parameters, its forward's when that takes ``**kwargs``,
+    transformers' model-agnostic TransformersKwargs, and :data:`ALWAYS_ACCEPTED`."""
     from transformers.utils.generic import TransformersKwargs
 
     names = set(inspect.signature(model.prepare_inputs_for_generation).parameters)
     if names & {"kwargs", "model_kwargs"}:
         names |= set(inspect.signature(model.forward).parameters)
-    names |= set(TransformersKwargs.__optional_keys__)
-    validate = inspect.getsource(type(model)._validate_model_kwargs)
-    listed = re.search(r"key not in \[([^\]]*)\]", validate)  # the names generate() always lets through
-    if listed:
-        names |= set(re.findall(r"[\"'](\w+)[\"']", listed.group(1)))
+    names |= set(TransformersKwargs.__optional_keys__) | set(ALWAYS_ACCEPTED)
     return names - {"self", "args", "kwargs", "model_kwargs"}
 
 
 def generate_arguments(model) -> set[str]:
-    """Every argument plain ``model.generate()`` takes, from transformers itself."""
+    """Every argument plain ``model.generate()`` takes: the declared ones and ``model``'s own inputs."""
     return config_fields() | generate_signature() | model_kwargs(model)

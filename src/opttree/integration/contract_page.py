@@ -18,10 +18,11 @@ INTRO = """\
 Every argument plain `generate()` takes is in exactly one of three sets, declared in
 `src/opttree/integration/contract.py`: **honoured** (the output is plain's), **refused** by name
 before any forward runs, with the fix in the error, or **not applying** (it changes nothing in plain's
-greedy or sampled decoding of a decoder-only model). The names are read from transformers itself
-(`GenerationConfig`'s fields, generate()'s signature and the keywords it pops, the model kwargs it
-accepts for a model), and `tests/test_contract.py` fails on a name in no set or in two: a transformers
-release that adds an argument fails the suite until it is placed."""
+greedy or sampled decoding of a decoder-only model). The names are `GenerationConfig`'s fields, a model's
+own inputs, and what generate() takes itself (its parameters, the keywords it pops), declared in the
+contract and checked against the installed transformers by `tests/test_contract.py`, which also fails on
+a name in no set or in two: a transformers release that adds an argument fails the suite until it is
+placed."""
 
 NOTES = """\
 - **Batches.** Each logits processor sees what plain shows it: a row's own context, left padding
@@ -60,7 +61,9 @@ NOTES = """\
   drops `tokenizer=` before calling opttree and then refuses `stop_strings=` itself ("could not locate
   a tokenizer"); pass the criterion instead,
   `stopping_criteria=StoppingCriteriaList([StopStringCriteria(tokenizer=tok, stop_strings=[...])])`.
-  An `assistant_model=` or `synced_gpus=` given there is read from generate()'s frame and refused.
+  generate() hands a callable neither the streamer nor `assistant_model=` nor `synced_gpus=`: opttree
+  reads them from generate()'s frame (`opttree.hf.generate_call`, its one such seam), so the streamer
+  streams and the other two are refused, as on every way in.
 - **Streaming.** A `streamer` gets the prompt, every token as it is accepted, then `end()`, on every
   way in; one prompt per call, as generate()."""
 

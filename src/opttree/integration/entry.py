@@ -13,13 +13,14 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from ..drafters.make import check_pair, is_draft_model
 from ..hf import kv_cache
-from ..hf.compat import cache_passed, generate_locals, output_cache, streamer_kept_by_generate
+from ..hf.compat import output_cache
+from ..hf.generate_call import dropped_by_generate
 from ..kernels.linears import fast_linears
 from ..loading import prepare_draft
 from ..loop.generation import speculative_decode
 from ..loop.stats import GenerationStats
-from .arguments import check_dropped_arguments, stop_strings_criterion
 from .defaults import TREE_ARGS, TreeArguments, resolve
+from .precheck import precheck
 from .prepare import DecodeCall, GenerateCall, Options, prepare
 
 
@@ -74,43 +75,31 @@ def speculative_generate(
     """Use as ``model.generate(**inputs, custom_generate=speculative_generate, draft_model=draft)``
     on any transformers causal LM; ``nodes``, ``threshold``, ``max_depth``, ``strategy``,
     ``verifier`` and ``static_tree`` are :class:`TreeConfig`'s; ``generator`` seeds sampling.
-    generate()'s ``streamer=`` gets every new token and ``end()`` (generate() keeps the streamer
-    from a callable after putting the prompt in it: :func:`opttree.hf.compat.streamer_kept_by_generate`)."""
-    tree = TreeArguments.of(nodes=nodes, threshold=threshold, max_depth=max_depth, strategy=strategy,
-                            verifier=verifier, static_tree=static_tree)
-    caller = generate_locals()  # what generate() kept from this callable (read only)
-    check_dropped_arguments(model, {k: caller.get(k) for k in ("assistant_model", "synced_gpus")})
-    kept = streamer_kept_by_generate()
-    streamer = kept if streamer is None else streamer
-    options = Options(draft_model, tree, streamer, generator, prompt_streamed=kept is not None and kept is streamer,
-                      cache_given=cache_passed(caller.get("kwargs") or {}))
+    generate()'s ``streamer=`` gets every new token and ``end()``: generate() puts the prompt into it and
+    keeps it, ``assistant_model=`` and ``synced_gpus=`` from a callable, so they are read where it holds
+    them (:func:`opttree.hf.generate_call.dropped_by_generate`) and pass the same :func:`precheck` as
+    every other way in."""
+    dropped = dropped_by_generate()
+    arguments = {**dropped.keywords, "assistant_model": dropped.assistant_model, "synced_gpus": dropped.synced_gpus,
+                 "streamer": streamer if streamer is not None else dropped.streamer,
+                 "nodes": nodes, "threshold": threshold, "max_depth": max_depth, "strategy": strategy,
+                 "verifier": verifier, "static_tree": static_tree}
+    options = precheck(model, draft_model, generator, arguments,
+                       prompt_streamed=streamer is None and dropped.streamer is not None)
     return decode(prepare(model, GenerateCall(input_ids, logits_processor, stopping_criteria, generation_config,
                                               model_kwargs), options))
 
 
-def _bound(draft_model, tree: TreeArguments, streamer, generator, cache_given: bool):
-    """A custom_generate callable with opttree's arguments bound (and the user's streamer)."""
+def _bound(options: Options):
+    """A custom_generate callable that decodes with ``options`` (the call's, checked by :func:`precheck`)."""
 
     def custom_generate(model, input_ids, logits_processor, stopping_criteria, generation_config,
                         synced_gpus=False, **model_kwargs):
         model_kwargs.pop("streamer", None)
         call = GenerateCall(input_ids, logits_processor, stopping_criteria, generation_config, model_kwargs)
-        return decode(prepare(model, call, Options(draft_model, tree, streamer, generator, cache_given=cache_given)))
+        return decode(prepare(model, call, options))
 
     return custom_generate
-
-
-def bind_call(model, draft_model, generator, kwargs: dict):
-    """generate()'s ``custom_generate=`` callable for ``model.generate(**kwargs)`` with ``draft_model=``:
-    takes opttree's tree arguments and the streamer out of ``kwargs`` (in place) and checks them first;
-    what generate() would drop before a callable is refused or, for stop_strings=, made here."""
-    tree = TreeArguments.taken_from(kwargs)  # bad settings fail now, before generate() prepares anything
-    if kwargs.get("assistant_model") is not None:
-        raise ValueError("draft_model= and assistant_model= are two speculative methods; pass one (opttree "
-                         "takes the assistant itself as draft_model=)")
-    check_dropped_arguments(model, kwargs)
-    stop_strings_criterion(model, kwargs)
-    return _bound(draft_model, tree, kwargs.pop("streamer", None), generator, cache_passed(kwargs))
 
 
 def hub_generate(model, draft_model=None, generator=None, **arguments):
@@ -118,10 +107,8 @@ def hub_generate(model, draft_model=None, generator=None, **arguments):
     custom_generate/generate.py>, trust_remote_code=True, draft_model=..., nodes=...)`` hands every
     generate() argument to that file's ``generate(model, ...)``, which calls this. It runs stock
     generate() (the model class's own) with opttree as its decoding method."""
-    if draft_model is None:
-        raise ValueError("opttree's custom_generate needs draft_model=<a small causal LM with the target's "
-                         "vocabulary, a draft folder, or 'prompt_lookup'>")
-    return type(model).generate(model, custom_generate=bind_call(model, draft_model, generator, arguments), **arguments)
+    options = precheck(model, draft_model, generator, arguments)
+    return type(model).generate(model, custom_generate=_bound(options), **arguments)
 
 
 class SpeculativeGenerationMixin:
@@ -137,11 +124,8 @@ class SpeculativeGenerationMixin:
         if isinstance(kwargs.get("custom_generate"), str):  # a Hub method (opttree's own folder, say) gets them all
             extra = {} if generator is None else {"generator": generator}
             return super().generate(*args, draft_model=draft_model, **extra, **kwargs)
-        custom = kwargs.pop("custom_generate", None)
-        if custom is not None and custom is not speculative_generate:
-            raise ValueError("draft_model= runs opttree through generate()'s custom_generate hook; pass "
-                             "draft_model= or custom_generate=, not both")
-        return super().generate(*args, custom_generate=bind_call(self, draft_model, generator, kwargs), **kwargs)
+        options = precheck(self, draft_model, generator, kwargs, ours=speculative_generate)
+        return super().generate(*args, custom_generate=_bound(options), **kwargs)
 
     def __reduce_ex__(self, protocol):
         """Pickling (torch.save, multiprocessing) keeps the speculative class: it is rebuilt from the
@@ -216,17 +200,11 @@ class SpeculativeGenerator:
     def generate(self, inputs=None, generator: torch.Generator | None = None, **kwargs):
         """generate()'s arguments; tree arguments given here (``nodes=``, ``threshold=``, ...) override
         the constructor's for this call."""
-        tree = TreeArguments.taken_from(kwargs, under=self.settings)  # bad settings fail before generate() runs
-        if kwargs.get("draft_model") is not None or kwargs.get("custom_generate") is not None:
+        if kwargs.get("draft_model") is not None:
             raise ValueError("this SpeculativeGenerator already has its draft; pass draft_model= to its constructor, "
-                             "or call the target's own generate() with draft_model=/custom_generate=")
-        check_dropped_arguments(self.target, kwargs)
-        stop_strings_criterion(self.target, kwargs)
-        streamer = kwargs.pop("streamer", None)
+                             "or call the target's own generate() with draft_model=")
+        options = precheck(self.target, self.draft, generator or self.generator, kwargs, under=self.settings)
         want_dict = kwargs.pop("return_dict_in_generate", False)
-        out = self.target.generate(
-            inputs, custom_generate=_bound(self.draft, tree, streamer, generator or self.generator, cache_passed(kwargs)),
-            return_dict_in_generate=True, **kwargs,
-        )
+        out = self.target.generate(inputs, custom_generate=_bound(options), return_dict_in_generate=True, **kwargs)
         self.last_stats = out.stats
         return out if want_dict else out.sequences

@@ -6,8 +6,8 @@ after every check), and the result is one value, :class:`DecodeCall`, that
 Each way in (``speculative()``'s generate, :class:`~opttree.SpeculativeGenerator`,
 ``custom_generate=speculative_generate``) reaches :func:`prepare` from inside generate()'s
 ``custom_generate`` hook, with generate()'s own preparation (:class:`GenerateCall`) and opttree's
-arguments (:class:`Options`); what generate() drops before the hook is checked earlier, by the entry
-points that see the call's arguments (:mod:`.arguments`).
+arguments (:class:`Options`); what generate() drops before the hook is checked earlier, by the one
+pre-check every way in runs on the call's arguments (:mod:`.precheck`).
 """
 
 from __future__ import annotations
@@ -75,8 +75,6 @@ class DecodeCall:
 
 def prepare(model, call: GenerateCall, options: Options) -> DecodeCall:
     """Check everything, calibrate ``"auto"`` if asked, and open the target's cache (see the module docstring)."""
-    if options.draft_model is None:
-        raise ValueError("speculative generation needs draft_model=<a small causal LM with the target's vocabulary>")
     config_in, kwargs = call.generation_config, call.model_kwargs
     input_ids = call.input_ids.long()  # generate()'s output is long whatever the prompt's dtype
     check_generation_mode(config_in)

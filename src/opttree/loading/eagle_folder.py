@@ -15,6 +15,8 @@ the file, the key or the field, and the fix.
 from __future__ import annotations
 
 import json
+import math
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -23,6 +25,7 @@ from ..drafters.head.eagle import EAGLE1, EAGLE3, EagleConfig, EagleHead
 from ..hf.compat import STATIC_ROPE_TYPES, scaled_rope
 from ..hf.width import text_config
 from .layer_ids import check_record, speculators_view, tap_ids
+from .pickled import read_pickled
 
 CONFIG_FILE = "config.json"
 SAFETENSORS = "model.safetensors"
@@ -77,8 +80,8 @@ def read_config(path: Path) -> dict:
 
 
 def read_state(path: Path) -> dict[str, torch.Tensor]:
-    """The head's tensors: model.safetensors, else pytorch_model.bin through ``torch.load(weights_only=True)``
-    (a pickle that would run code is refused by name, never unpickled)."""
+    """The head's tensors: model.safetensors, else pytorch_model.bin (:func:`.pickled.read_pickled`: through
+    ``torch.load(weights_only=True)``, a file of another kind, or a pickle of more than tensors, refused by name)."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
@@ -89,19 +92,7 @@ def read_state(path: Path) -> dict[str, torch.Tensor]:
             raise ValueError(f"could not read {path / SAFETENSORS} ({error}); restore the head's weights") from None
     if not (path / PICKLED).is_file():
         raise ValueError(f"{path} holds neither {SAFETENSORS} nor {PICKLED}: an EAGLE head's folder needs its weights")
-    try:
-        state = torch.load(path / PICKLED, map_location="cpu", weights_only=True)
-    except (OSError, RuntimeError, EOFError) as error:
-        raise ValueError(f"could not read {path / PICKLED} ({error}); restore the head's weights") from None
-    except Exception as error:  # weights_only's refusal is pickle's UnpicklingError (the library imports no pickle)
-        if type(error).__name__ != "UnpicklingError":
-            raise
-        raise ValueError(f"{path / PICKLED} is a pickle that torch.load(weights_only=True) refuses (it would run "
-                         f"code: {str(error).splitlines()[0]}); opttree never unpickles it. Convert it to "
-                         f"{SAFETENSORS} where you trust it") from None
-    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise ValueError(f"{path / PICKLED} must hold a dict of tensors; restore the head's weights")
-    return state
+    return read_pickled(path / PICKLED)
 
 
 def folder_layout(raw: dict, path: Path, state: dict | None = None) -> str:
@@ -121,8 +112,14 @@ def folder_layout(raw: dict, path: Path, state: dict | None = None) -> str:
                      "AutoModelForCausalLM.from_pretrained(path, attn_implementation='sdpa')")
 
 
+#: what a field() of each kind must be, as its refusal says it
+KIND_WORDS = {bool: "a JSON boolean (true or false, unquoted)", int: "a whole number >= 1",
+              float: "a finite number > 0"}
+
+
 def field(config: dict, name: str, path: Path, default=None, kind=int):
-    """``config[name]`` checked to be a ``kind`` (a missing one: ``default``, or refused when None)."""
+    """``config[name]`` checked to be a ``kind`` (:data:`KIND_WORDS`; a missing one: ``default``, or refused
+    when None)."""
     value = config.get(name)
     if value is None:
         if default is None:
@@ -133,9 +130,10 @@ def field(config: dict, name: str, path: Path, default=None, kind=int):
     elif kind is int:
         ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
     else:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
     if not ok:
-        raise ValueError(f"{path / CONFIG_FILE}: {name!r} must be a positive {kind.__name__}, got {value!r}")
+        raise ValueError(f"{path / CONFIG_FILE}: {name!r} must be {KIND_WORDS[kind]}, got {json.dumps(value)}; "
+                         "correct the head's config.json")
     return kind(value)
 
 
@@ -220,6 +218,12 @@ def eagle_config(raw: dict, layout: str, state: dict, target, path: Path) -> Eag
     )
 
 
+def stored_dtype(state: dict[str, torch.Tensor]) -> str:
+    """The one floating dtype of a folder's tensors ("float16", ...); "" where they mix dtypes."""
+    kinds = {str(v.dtype).removeprefix("torch.") for v in state.values() if v.is_floating_point()}
+    return kinds.pop() if len(kinds) == 1 else ""
+
+
 def check_target(c: EagleConfig, target, path: Path) -> None:
     """The target's hidden size and vocabulary must be the head's (its layer count fits its taps,
     :func:`~.layer_ids.tap_ids`, and an export's record of it); an EAGLE-3 head on the target's
@@ -283,6 +287,7 @@ def load_eagle(path: str | Path, target) -> EagleHead:
     state = read_state(path)
     layout = folder_layout(raw, path, state)
     c = eagle_config(raw, layout, state, target, path)
+    c = replace(c, stored_dtype=stored_dtype(state))
     check_target(c, target, path)
     state = canonical(state, layout)
     if "d2t" in state:

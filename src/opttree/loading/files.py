@@ -3,12 +3,16 @@ checks that turn a junk file in it into a ValueError naming the file, what is wr
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
+import os
+import secrets
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 
@@ -135,6 +139,47 @@ def first_problem(error: RuntimeError) -> str:
     """The first problem ``load_state_dict`` lists in ``error`` (its lines after the heading)."""
     lines = [line.strip() for line in str(error).strip().splitlines()]
     return lines[1] if len(lines) > 1 else (lines[0] if lines else "")
+
+
+def check_folder(path: Path) -> None:
+    """ValueError where ``path`` (a draft's folder, to be read) does not exist or is a file, naming the fix."""
+    if not path.exists():
+        raise ValueError(f"{path}: no such folder ({path.absolute()}); pass the folder `opttree distill` wrote, a "
+                         "published EAGLE head's folder (it holds config.json) or a Hub name org/name")
+    if not path.is_dir():
+        raise ValueError(f"{path} is a file, not a folder; pass the draft's folder (the one holding {META_FILE}, or "
+                         "an EAGLE head's config.json)")
+
+
+def check_new_folder(folder: Path, option: str = "") -> None:
+    """ValueError naming ``folder`` (after ``option``, e.g. "--out ") and the fix where it is a file, or a folder
+    that holds anything: a folder is written whole into a new or empty one, never over another's files
+    (a stale file left beside the new ones, e.g. an opttree_draft.json, would be read instead of them)."""
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"{option}{folder} is a file, not a folder; choose a new or empty folder to write")
+    held = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+    if held:
+        shown = ", ".join(held[:3]) + (f" and {len(held) - 3} more" if len(held) > 3 else "")
+        raise ValueError(f"{option}{folder} is not empty (it holds {shown}); choose a new or empty folder, or "
+                         "remove that one first")
+
+
+@contextlib.contextmanager
+def written_whole(folder: Path) -> Iterator[Path]:
+    """A new folder beside ``folder`` to write into (``folder`` checked by :func:`check_new_folder`): renamed to
+    ``folder`` once the block ends, removed where it raises. ``folder`` holds every file or does not exist."""
+    check_new_folder(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    partial = folder.parent / f".{folder.name}.{os.getpid()}.{secrets.token_hex(4)}.partial"
+    partial.mkdir()
+    try:
+        yield partial
+        if folder.is_dir():
+            folder.rmdir()  # empty (checked): a rename replaces no folder on every system
+        partial.rename(folder)
+    finally:
+        if partial.exists():
+            shutil.rmtree(partial, ignore_errors=True)
 
 
 def _required(field: dataclasses.Field) -> bool:

@@ -20,6 +20,18 @@ def is_hub_name(text: str) -> bool:
     return bool(HUB_NAME.match(text)) and not Path(text).exists() and not Path(text.split("/")[0]).is_dir()
 
 
+def is_hub_id(spec: str) -> bool:
+    """Whether ``spec`` has the form of any Hub id (``gpt2`` too), which from_pretrained fetches where no folder of
+    that name exists (whether the Hub has it is for from_pretrained to say)."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(spec)
+    except HFValidationError:
+        return False
+    return True
+
+
 def hub_folder(name: str) -> Path:
     """The local snapshot folder of Hub repository ``name`` (downloaded, or the cache's when offline);
     ValueError naming the repository and the fix when it cannot be had."""
@@ -37,4 +49,4 @@ def hub_folder(name: str) -> Path:
                          f"{str(error).splitlines()[0] if str(error) else ''}); check the name, or pass a folder") from None
 
 
-__all__ = ["hub_folder", "is_hub_name"]
+__all__ = ["hub_folder", "is_hub_id", "is_hub_name"]

@@ -15,7 +15,7 @@ from ..hf.validation import check_causal_lm
 from .draft_dtype import check_dtype, in_dtype
 from .draft_model import ReducedVocabHead, load_model_draft
 from .eagle_folder import CONFIG_FILE, is_eagle_folder, load_eagle
-from .files import META_FILE, read_meta
+from .files import META_FILE, check_folder, read_meta
 from .hub import hub_folder, is_hub_name
 from .head_file import HEAD_FORMATS, load_head
 
@@ -37,10 +37,12 @@ def load_draft(path: str | Path, target, dtype: torch.dtype | str | None = None)
       :mod:`opttree.loading.draft_dtype`.
 
     ``path`` may be a Hub name, ``"org/name"`` (:mod:`.hub`: its snapshot, the cached one offline).
-    Anything else is a ValueError naming these; so is a folder whose files are missing or junk.
+    Anything else is a ValueError naming these (a path that is no folder: as one); so is a folder whose
+    files are missing or junk.
     """
     dtype = check_dtype(dtype)
     path = hub_folder(str(path)) if is_hub_name(str(path)) else Path(path)
+    check_folder(path)
     if not (path / META_FILE).is_file() and is_eagle_folder(path):
         return in_dtype(load_eagle(path, target), dtype, target, path)
     data = read_meta(path)
@@ -55,8 +57,9 @@ def load_if_path(draft, target):
         return draft
     if (Path(draft) / META_FILE).is_file() or is_eagle_folder(Path(draft)) or is_hub_name(str(draft)):
         return load_draft(draft, target)
+    missing = "" if Path(draft).exists() else f"no such folder ({Path(draft).absolute()}); "
     raise ValueError(
-        f"draft_model={str(draft)!r}: a string must be 'prompt_lookup' or a folder written by `opttree distill` "
+        f"draft_model={str(draft)!r}: {missing}a string must be 'prompt_lookup' or a folder written by `opttree distill` "
         f"(it holds {META_FILE}), or a published EAGLE head's folder (it holds {CONFIG_FILE}); load any other "
         "draft yourself and pass the model, e.g. "
         "AutoModelForCausalLM.from_pretrained(path, attn_implementation='sdpa')"

@@ -3,9 +3,11 @@
 * :mod:`.generation`: ``speculative_decode``, its steps numbered: 0 prefill, then 1 draft, 2 verify,
   3 walk, 4 caches, 5 commit, 6 finished rows leave;
 * :mod:`.settings`: ``DecodeSettings``, what one decode runs with;
-* :mod:`.drafting`: step 1, every row's tree, its drafter calls timed per row; :mod:`.walking`: step 3,
-  each row's walk;
-* :mod:`.rows`: each row's tokens, cache slots and step 5 (commit, stopping, figures);
+* :mod:`.drafting`: step 1, every row's tree, its drafter calls timed per row (``Drafted``);
+  :mod:`.verify_inputs`: step 2's inputs; :mod:`.walking`: step 3, each row's walk;
+  :mod:`.slots`: the rows' cache slots and step 4's keep of them; :mod:`.committing`: step 5
+  (commit, stopping, figures);
+* :mod:`.rows`: each prompt while it is decoded, and a prompt batch's padding;
 * :mod:`.outputs`: generate()'s outputs for the rows of a finished decode;
 * :mod:`.lockstep`: the rows' tree builders side by side, one drafter call per round;
 * :mod:`.stopping`: where generate()'s stopping criteria stop inside a step's tokens;

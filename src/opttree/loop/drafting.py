@@ -1,20 +1,55 @@
 """The loop's step 1: every row's tree, drafted in lockstep (one drafter call per layer for all rows
-still growing), and what drafting it cost: the drafter's calls timed per row (:class:`DraftClock`)."""
+still growing), and what drafting it cost: the drafter's calls timed per row (:class:`DraftClock`);
+:class:`Drafted` is the step's output."""
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import torch
 
 from ..drafters.base import DrafterRows
 from ..tree.builder import BuiltTree
+from ..tree.draft_tree import DraftTree
 from ..tree.plan import StepPlan
 from ..tree.strategies import grow_tree, no_tree
+from ..verify.acceptance import Acceptance
 from .lockstep import run_in_lockstep
-from .rows import Drafted, Row
+from .rows import Row
 from .settings import DecodeSettings
-from .stats import LayerTiming
+from .stats import LayerTiming, StepStats
+
+
+@dataclass(frozen=True)
+class Drafted:
+    """Step 1's trees, one per row still decoding, and what drafting them cost (the drafting is shared
+    by the rows); step 5 records them with what each row's walk accepted (:meth:`row_stats`)."""
+
+    builts: list[BuiltTree]
+    trees: list[DraftTree]  # each on its row's device
+    drafted: bool  # some row drafted (the drafter has a step to commit)
+    forwards: int  # draft forwards of the step, every row's
+    seconds: float  # the drafting phase
+    root_seconds: list[float]  # each row's share of the drafter's catch-up call
+    layers: list[list[LayerTiming]]  # each row's expand calls
+
+    def row_stats(self, b: int, acceptance: Acceptance, emitted: int, verify_seconds: float) -> StepStats:
+        """Row b's figures: its tree, what it accepted and emitted, its share (1/R) of the shared phases
+        (``verify_seconds``: the verification forward and the walks)."""
+        built, tree, share = self.builts[b], self.trees[b], 1.0 / len(self.trees)
+        depth = acceptance.tree_depth if acceptance.tree_depth is not None else tree_depth(tree)
+        expected = built.expected_length if built.expected_length is not None else tree.expected_length
+        return StepStats(tree_size=len(tree), tree_depth=depth, expected_length=expected,
+                         accepted=acceptance.accepted, emitted=emitted, draft_forwards=self.forwards,
+                         draft_seconds=self.seconds * share, verify_seconds=verify_seconds * share,
+                         tree=tree, accepted_nodes=list(acceptance.nodes), root_seconds=self.root_seconds[b],
+                         layers=self.layers[b])
+
+
+def tree_depth(tree: DraftTree) -> int:
+    """The deepest node's depth (a host read)."""
+    return int(tree.depths().max()) if len(tree) else 0
 
 
 def draft_rows(rows: list[Row], drafters: DrafterRows, settings: DecodeSettings, sync: bool) -> Drafted:
@@ -86,4 +121,4 @@ class DraftClock:
         return out
 
 
-__all__ = ["DraftClock", "draft_rows", "draft_trees"]
+__all__ = ["DraftClock", "Drafted", "draft_rows", "draft_trees", "tree_depth"]

@@ -1,8 +1,9 @@
 """The speculative decoding loop, one function in numbered steps, for any number of rows.
 
 :func:`speculative_decode` is the steps: 0 prefill, then while rows remain 1 draft, 2 verify,
-3 walk, 4 caches, 5 commit, 6 finished rows leave; each is a call of :class:`Decoding` (step 5: of
-:mod:`.rows`), numbered as in DESIGN.md.
+3 walk, 4 caches, 5 commit, 6 finished rows leave; each is a call of :class:`Decoding` (step 1: of
+:mod:`.drafting`, 2: of :mod:`.verify_inputs`, 3: of :mod:`.walking`, 4: of :mod:`.slots`, 5: of
+:mod:`.committing`), numbered as in DESIGN.md.
 
 Invariant at the top of every step: each row's ``sequence`` = its committed tokens; the target's
 cache holds all of them but the last one, the row's *root*, whose logits are computed by the
@@ -10,9 +11,10 @@ step's verification forward together with the row's tree. The prompts' prefill t
 one token short, and the first step verifies each prompt's last token together with its first tree.
 
 Batch size 1 is one row, not another loop: its drafter is the drafter itself
-(:meth:`Drafter.rows`), its cache needs no holes (rows.Slots), and its builder runs alone in
-the lockstep. Several rows share each draft forward where the drafter batches its rows (a
-draft model), and always share the verification forward; each row keeps its own tree, budget
+(:meth:`Drafter.rows`), its cache slots are the rows' layout without holes (slots.Slots: one
+declared switch, for counts tests/test_overhead.py pins), and its builder runs alone in the
+lockstep. Several rows share each draft forward where the drafter batches its rows (a draft
+model), and always share the verification forward; each row keeps its own tree, budget
 policy, stopping criteria and stats, and leaves the batch when it finishes.
 """
 
@@ -33,13 +35,16 @@ from ..tree.layout import MaskLayout
 from ..tree.plan import FixedPolicy
 from ..verify.acceptance import Acceptance
 from .batch_context import processing
-from .drafting import draft_rows
+from .committing import commit_step
+from .drafting import Drafted, draft_rows
 from .model_inputs import ModelInputs
 from .outputs import combined_stats, output_sequences, per_token
-from .rows import Drafted, Padding, Row, Slots, commit_step, new_rows
+from .rows import Padding, Row, new_rows
 from .settings import DecodeSettings
+from .slots import Slots
 from .stats import GenerationStats, StepStats
 from .stopping import StopRule
+from .verify_inputs import verify_inputs
 from .walking import walker
 
 
@@ -112,8 +117,8 @@ class Decoding:
         padded = attention_mask is not None and not bool(mask.all())
         padding = Padding.of(mask) if padded else Padding([0] * count, [0] * count)
         rows = new_rows(input_ids, padding, settings)
-        slots = Slots.of(mask, padding if count > 1 or padded else None, MaskLayout.of(target.config),
-                         kv_cache.capacity(cache))
+        slots = Slots.of(mask, padding, MaskLayout.of(target.config), kv_cache.capacity(cache),
+                         holes=count > 1 or padded)
         stop = StopRule.of(settings.stopping_criteria)
         want_rows = settings.output_scores or settings.output_logits or stop.needs_scores
         batched = count > 1 and len(settings.logits_processor or []) > 0  # processors see row b at its batch index
@@ -129,7 +134,7 @@ class Decoding:
         if input_ids.shape[1] < 2:
             return
         extra, valid = {}, self.slots.valid  # valid: [B, T - 1], the prompts' visible columns but the last
-        if valid is not None:  # padding or several rows: each row's positions count its own tokens
+        if self.slots.holes:  # padding or several rows: each row's positions count its own tokens
             extra = dict(attention_mask=valid.long(), position_ids=(valid.long().cumsum(-1) - 1).masked_fill(~valid, 0))
         inputs = {"input_ids": input_ids[:, :-1]} if self.model_inputs is None else self.model_inputs.prefill(input_ids)
         wants = self.drafters.wants_hidden_states
@@ -148,7 +153,7 @@ class Decoding:
         rows' tokens are, the hidden states where the drafter wants the target's features)."""
         rows = self.rows
         roots = rows[0].sequence[-1:] if len(rows) == 1 else torch.stack([row.sequence[-1] for row in rows])
-        inputs = self.slots.inputs(roots, trees, rows, self.dtype, self.cache)
+        inputs = verify_inputs(self.slots, roots, trees, rows, self.dtype, self.cache)
         first = not self.every_row[0].stats.steps  # the roots are the prompts' last tokens
         extra = None if self.model_inputs is None else self.model_inputs.verify(
             self.target, inputs.input_ids, [row.index for row in rows], first)
@@ -173,7 +178,7 @@ class Decoding:
                                         for b, a in enumerate(acceptances)])
 
     def commit(self, drafted: Drafted, acceptances: list[Acceptance], verify_seconds: float) -> None:
-        """Step 5: each row's tokens and figures (:func:`.rows.commit_step`)."""
+        """Step 5: each row's tokens and figures (:func:`.committing.commit_step`)."""
         summed = commit_step(self.rows, self.every_row, drafted, acceptances, verify_seconds, self.stop, self.settings)
         if len(self.every_row) > 1:
             self.batch_steps.append(summed)

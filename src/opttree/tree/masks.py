@@ -12,7 +12,7 @@ verification forward has q = one of :data:`~opttree.tree.sizes.VERIFY_SIZES` row
 tree, then dummy rows (the root's token and position; no real row sees them, their outputs are
 unused and their slots dropped).
 
-A batch (rows of different lengths and trees, opttree.loop.rows) shares the cache slots: the mask is
+A batch (rows of different lengths and trees, opttree.loop.slots) shares the cache slots: the mask is
 [B, 1, q, past_len + q], each row seeing only the slots that hold ITS committed tokens (left
 padding and holes are hidden), and its rotary positions count only its own tokens.
 

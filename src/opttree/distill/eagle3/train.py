@@ -30,7 +30,7 @@ import torch
 
 from ...drafters.head.eagle import EAGLE3, default_taps
 from ...hf.width import text_config
-from ...loading.eagle_export import export_draft
+from ...loading.eagle_export import write_eagle_folder
 from ..train.checkpoint import load_train_state, resume, rng_from_json, rng_to_json, save_train_state, snapshot
 from ..train.head_data import chunks, make_batch, token_batches
 from ..train.head_loss import kept_index
@@ -243,8 +243,7 @@ def step_probe(target, cfg: Eagle3TrainConfig, tokens: int, bf16: bool):
 def save_eagle3(head, out: str | Path, dtype: str = "float16", training: dict | None = None) -> Path:
     """The head (cast to ``dtype``) written as export_draft's EAGLE-3 folder, and ``training.json``."""
     out = Path(out)
-    export_draft(head.to(getattr(torch, dtype)), out, layout="eagle3")
-    head.float()
+    write_eagle_folder(head, out, layout="eagle3", dtype=dtype)
     if training is not None:
         (out / TRAINING_FILE).write_text(json.dumps(training, indent=1) + "\n")
     return out

@@ -4,8 +4,8 @@
   columns) for the head drafters;
 * :mod:`.layer`: the parts of a head's decoder layer (RMSNorm, RoPE, a KV cache of explicit
   tensors, one Llama layer with an attention-input hook);
-* :mod:`.drafter`: the per-call drafters of any head (``FeatureHeadDrafter``, eager; its fixed-shape
-  twin ``CompiledHeadDrafter``), :mod:`.graph`: the step on fixed shapes that compiles;
+* :mod:`.drafter`: the per-call drafter of any head (``FeatureHeadDrafter``); :mod:`.graph`: the
+  head's one step on a cache of fixed size, eager or compiled (a switch);
 * the layouts' forwards: :mod:`.feature_head` (opttree's own head, ``FeatureHead``, ``HeadConfig``),
   :mod:`.eagle` (the published EAGLE-3, speculators and EAGLE-1/2 heads, ``EagleHead``) and
   :mod:`.eagle_layers` (their layers).

@@ -1,5 +1,5 @@
 """The interface every head declares: what the head drafters (:mod:`opttree.drafters.head.drafter`,
-:mod:`opttree.drafters.head.graph`) and the loading ask of a one-layer draft head that reads the
+:func:`opttree.drafters.head.graph.head_step`) and the loading ask of a one-layer draft head that reads the
 target's features (opttree's own :class:`~opttree.drafters.head.feature_head.FeatureHead`, and the
 published EAGLE layouts of :mod:`.eagle`).
 
@@ -38,16 +38,12 @@ class DraftHead(nn.Module, ABC):
 
     @abstractmethod
     def forward(self, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, past: KV | None,
-                mask: torch.Tensor) -> tuple[torch.Tensor, KV]:
-        """features [b, q, h] (fed), tokens [b, q], positions [b, q], past (s cached entries) or None,
-        mask [b, 1, q, s + q] additive -> (the next fed features [b, q, h], the new entries' KV)."""
-
-    @abstractmethod
-    def step_into(self, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, cache: KV,
-                  slots: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """The same forward on fixed buffers (:mod:`opttree.drafters.head.graph`): features [w, h],
-        tokens [w], positions [w], cache [1, layers * kv_heads, S, d] written in place at ``slots``
-        [w], mask [1, 1, w, S] -> the next fed features [w, h]."""
+                mask: torch.Tensor, slots: torch.Tensor | None = None) -> tuple[torch.Tensor, KV]:
+        """features [b, q, h] (fed), tokens [b, q], positions [b, q], mask [b, 1, q, n] additive ->
+        (the next fed features [b, q, h], the new entries' KV). ``slots`` None: ``past`` holds the s
+        entries before these, or None (n = s + q; training); ``slots`` [q] long: ``past`` is the
+        drafters' cache of fixed size [1, layers * kv_heads, S, d], written in place at ``slots``
+        and attended over its first n (:func:`opttree.drafters.head.graph.head_step`)."""
 
     @abstractmethod
     def target_features(self, hidden_states) -> torch.Tensor:

@@ -1,70 +1,62 @@
-"""The per-call drafters of a feature head (:mod:`opttree.drafters.head.feature_head` holds its weights):
-:class:`FeatureHeadDrafter` grows its KV cache by concatenation and runs each forward eagerly at its
-own width; :class:`CompiledHeadDrafter` drafts the same trees on fixed shapes, its forwards compiled
-(:mod:`opttree.drafters.head.graph`), where the target's verification compiles."""
+"""The per-call drafter of a head (:mod:`opttree.drafters.head.feature_head` and :mod:`.eagle` hold the
+weights): :class:`FeatureHeadDrafter` runs every forward through the one step of
+:mod:`opttree.drafters.head.graph` on a KV cache of fixed size, eagerly at each forward's own width,
+or (:meth:`FeatureHeadDrafter.compiled`, where the target's verification compiles) compiled on
+padded widths over the whole buffer, so that shapes repeat. The real rows' q is the same either way."""
 
 from __future__ import annotations
 
 import torch
 
-from ...hf.compiled import cache_slots
+from ...hf.compiled import MIN_SLOTS, cache_slots
 from ...tree.draft_probs import DraftProbs
 from ...tree.draft_tree import DraftTree
-from ...tree.masks import additive_mask
 from ...tree.sizes import padded_size
 from ..base import Drafter, ToProbs
 from .graph import HeadBuffers, HeadSteps
-from .layer import KV
 from ..model import on
-
-
-def causal_visible(q: int, s: int, device) -> torch.Tensor:
-    """[q, s + q] bool: q new entries see the s cached ones and the new ones up to themselves."""
-    visible = torch.ones(q, s + q, dtype=torch.bool, device=device)
-    visible[:, s:] = torch.ones(q, q, dtype=torch.bool, device=device).tril()
-    return visible
 
 
 class FeatureHeadDrafter(Drafter):
     """Drafts trees with a head (:class:`~opttree.drafters.head.base.DraftHead`: opttree's FeatureHead or an
-    EAGLE head); one instance per generate() call and batch row."""
+    EAGLE head); one instance per generate() call and batch row. ``steps``: the head's step, eager
+    (the default) or compiled (:meth:`compiled`); ``slots``: its cache's first size."""
 
     wants_hidden_states = True  # the generation loop calls add_features with the target's features
     context_length = None  # RoPE: no limit of its own
 
-    def __init__(self, head, to_probs: ToProbs | None = None):  # head: a head.base.DraftHead
+    def __init__(self, head, to_probs: ToProbs | None = None, steps: HeadSteps | None = None, slots: int = MIN_SLOTS):
         self.head = head
         self.to_probs = to_probs  # full logits [k, V] -> probabilities; None: softmax (fast path)
-        self.kv: KV | None = None  # entries 0..cached-1, all with true target features
+        self.steps = HeadSteps() if steps is None else steps
+        self.buffers = HeadBuffers.allocate(head, slots)
+        self.cached = 0  # entries 0..cached-1 of the buffers hold committed tokens (true target features)
         # the fed features of entries cached, cached + 1, ...: opttree's head starts with a zero feature
         # for the first token, an EAGLE head with the first token's feature (DraftHead.first_entry)
         self.pending = torch.zeros(1 - head.first_entry, head.c.hidden_size, device=head.device)
-        self.past: KV | None = None  # self.kv followed by this step's tree entries, in feeding order
-        self.fed = torch.empty(0, dtype=torch.long, device=head.device)  # [f] pool id of each tree entry
+        self.fed = torch.empty(0, dtype=torch.long, device=head.device)  # [f] pool id of each tree entry (slots cached..cached+f-1)
         self.predicted = torch.zeros(1, head.c.hidden_size, device=head.device)  # [1 + m, H]: g of the root (row 0) and of pool node p (row 1 + p, once fed)
         self.root_position = 0
         self.forwards = 0
 
     def bind(self, target, to_probs: ToProbs | None) -> "FeatureHeadDrafter":
-        """A fresh drafter on the same head, checked to fit ``target``; sampling: ``to_probs``
-        turns the head's full logits into its q."""
+        """A fresh drafter on the same head and step, checked to fit ``target``; sampling:
+        ``to_probs`` turns the head's full logits into its q."""
         self.head.check_fits(target)
-        return FeatureHeadDrafter(self.head, to_probs or self.to_probs)
+        return FeatureHeadDrafter(self.head, to_probs or self.to_probs, self.steps, self.buffers.slots)
 
     def fresh(self) -> "FeatureHeadDrafter":
-        return FeatureHeadDrafter(self.head, self.to_probs)
+        return FeatureHeadDrafter(self.head, self.to_probs, self.steps, self.buffers.slots)
 
-    def compiled(self, compile_config, room: int) -> "CompiledHeadDrafter":
-        """This head drafting on fixed shapes, its forwards compiled with ``compile_config``, a cache
-        of :func:`~opttree.hf.compiled.cache_slots` ``(room)`` slots (see :class:`CompiledHeadDrafter`)."""
-        return CompiledHeadDrafter(self.head, self.to_probs, HeadSteps.of(compile_config), cache_slots(room))
+    def compiled(self, compile_config, room: int) -> "FeatureHeadDrafter":
+        """This head drafting with its step compiled with ``compile_config``, on a cache of
+        :func:`~opttree.hf.compiled.cache_slots` ``(room)`` slots (see :mod:`.graph`)."""
+        if self.steps.compiles:
+            return self
+        return FeatureHeadDrafter(self.head, self.to_probs, HeadSteps.of(compile_config), cache_slots(room))
 
     def modules(self) -> list[torch.nn.Module]:
-        return [self.head]
-
-    @property
-    def cached(self) -> int:
-        return 0 if self.kv is None else len(self.kv)
+        return [] if self.steps.compiles else [self.head]  # compiled, its linears are the compiler's
 
     def features_from(self, hidden_states: tuple) -> torch.Tensor:
         """The target's ``output_hidden_states`` (each [1, T, H]) -> what :meth:`add_features` takes,
@@ -76,13 +68,20 @@ class FeatureHeadDrafter(Drafter):
         """The target's features [m, H] of the next m committed positions."""
         self.pending = torch.cat([self.pending, features.to(self.pending.device, self.pending.dtype)])
 
-    def _run(self, features, tokens, positions, visible) -> tuple[torch.Tensor, KV]:
-        """Feed q entries ([q, H], [q], [q]) seeing ``visible`` [q, s + q] of cache + tree + them."""
+    def _forward(self, prefill: bool, features, tokens, positions, slots, visible) -> tuple[torch.Tensor, torch.Tensor]:
+        """[w, H], [w], [w], [w], [w, n] -> (g [w, H], logits over the kept tokens [w, K]): one
+        :func:`~opttree.drafters.head.graph.head_step`, eager for the prefill."""
+        head = self.head
         with torch.inference_mode():
-            past = self.past
-            predicted, new = self.head(features[None], tokens[None], positions[None], past, additive_mask(visible, torch.float32))
+            out = self.steps(prefill, head, self.buffers.keys, self.buffers.values, head.output_rows(), head.out_bias,
+                             features, tokens, positions, slots, visible)
         self.forwards += 1
-        return predicted[0], new  # [q, H], the new entries
+        return out
+
+    def width(self, rows: int, prefill: bool = False) -> int:
+        """A forward's width for ``rows`` real rows: its own eagerly (and for the prefill), padded
+        to a verification size compiled."""
+        return padded_size(rows) if self.steps.compiles and not prefill else rows
 
     def entries(self, sequence: torch.Tensor) -> tuple[int, int]:
         """The committed ``sequence`` -> (the first token index to feed, how many): entry e is token
@@ -102,18 +101,26 @@ class FeatureHeadDrafter(Drafter):
 
     def root_probs(self, sequence: torch.Tensor) -> torch.Tensor:
         start, q = self.entries(sequence)
-        self.past, self.fed = self.kv, self.fed[:0]
+        self.fed = self.fed[:0]
         if q == 0:
             return self.nothing_to_read()
-        device, cached = self.head.device, self.cached
-        tokens = sequence[start:].to(device)
-        positions = torch.arange(cached, cached + q, device=device)
-        g, new = self._run(self.pending[:q], tokens, positions, causal_visible(q, cached, device))
-        self.kv = self.past = new if self.kv is None else self.kv.cat(new)
+        cached = self.cached
+        w = self.width(q, prefill=cached == 0)  # the prompt: at its own length
+        self.buffers = self.buffers.holding(cached + w, cached)
+        ids = self.buffers.slot_ids
+        slots = ids[cached:cached + w]  # [w]
+        positions = slots.clamp(max=cached + q - 1)  # [w]: pad rows repeat the last committed token (not a view of slots: no aliased inputs)
+        tokens, features = on(sequence[start:], self.head.device), self.pending[:q]  # [q], [q, H]
+        if self.steps.compiles:  # pad rows; and no views among the inputs, whose storage offsets dynamo guards
+            rows = positions - cached  # [w]
+            tokens, features = tokens.index_select(0, rows), features.index_select(0, rows)
+        visible = ids[None] <= positions[:, None]  # [w, S]: causal over the committed slots
+        g, logits = self._forward(cached == 0, features, tokens, positions, slots, visible)
+        self.cached = cached + q
         self.pending = self.pending[q:]
         self.root_position = cached + q - 1
-        self.predicted = g[-1:]
-        return self._probs(self.predicted).full()[0]
+        self.predicted = g[q - 1:q].clone()  # a compiled run's outputs may be overwritten by the next run
+        return self.probs_of(logits[q - 1:q]).full()[0]
 
     def _probs(self, g: torch.Tensor) -> DraftProbs:
         """Predicted features [k, H] -> the draft's q (:meth:`probs_of`)."""
@@ -135,21 +142,27 @@ class FeatureHeadDrafter(Drafter):
         return self.expand_probs(pool, frontier).full()
 
     def expand_probs(self, pool: DraftTree, frontier: torch.Tensor) -> DraftProbs:
-        """frontier: [k] long pool ids -> their children's q over the kept tokens. Each node reads
-        its parent's predicted feature and sees the cached entries and its ancestors' tree
-        entries; no host read."""
-        device = self.head.device
-        frontier = on(frontier, device)
-        features = self.predicted.index_select(0, pool.parents.index_select(0, frontier) + 1)  # [k, H] the parents' g
-        ancestors = pool.ancestor_mask().index_select(0, frontier)  # [k, m]
+        """frontier: [k] long pool ids -> their children's q over the kept tokens, from one forward of
+        ``width(k)`` rows; no host read. Each node reads its parent's predicted feature and sees the
+        cached entries and its ancestors' tree entries."""
+        frontier = on(frontier, self.head.device)
+        k, f, cached = frontier.shape[0], self.fed.shape[0], self.cached
+        w = self.width(k)
+        self.buffers = self.buffers.holding(cached + f + w, cached + f)
+        padded = frontier if w == k else torch.cat([frontier, frontier[:1].expand(w - k)])  # [w] pool ids
+        features = self.predicted.index_select(0, pool.parents.index_select(0, padded) + 1)  # [w, H] the parents' g
+        ancestors = pool.ancestor_mask().index_select(0, padded)  # [w, m]
         columns = torch.cat([self.fed, frontier])  # [f + k] pool ids of the tree entries after this forward
-        visible = torch.nn.functional.pad(ancestors.index_select(1, columns), (self.cached, 0), value=True)  # [k, s + f + k]
+        visible = torch.nn.functional.pad(ancestors.index_select(1, columns), (cached, 0), value=True)  # [w, cached + f + k]
+        visible = torch.nn.functional.pad(visible, (0, self.buffers.slots - cached - f - k), value=False)  # [w, S]
         positions = ancestors.sum(dim=1) + self.root_position  # depth = ancestors, self included
-        g, new = self._run(features, pool.tokens.index_select(0, frontier), positions, visible)
-        self.past = new if self.past is None else self.past.cat(new)
+        slots = self.buffers.slot_ids[cached + f:cached + f + w]
+        g, logits = self._forward(False, features, pool.tokens.index_select(0, padded), positions, slots, visible)
         self.fed = columns
+        if w > k:
+            g, logits = g[:k], logits[:k]
         self._store_predicted(len(pool), frontier, g)
-        return self._probs(g)
+        return self.probs_of(logits)
 
     def _store_predicted(self, nodes: int, frontier: torch.Tensor, g: torch.Tensor) -> None:
         """Row 1 + p of ``predicted`` takes pool node p's g ([k] ids, [k, H]); room for every one of the
@@ -160,94 +173,9 @@ class FeatureHeadDrafter(Drafter):
         self.predicted[1:].index_copy_(0, frontier, g)
 
     def commit(self, accepted_pool_ids: list[int]) -> None:
-        # Tree entries read predicted features: drop them all. The accepted tokens are fed again,
-        # with the target's features, by the next root_probs.
-        self.past, self.fed = self.kv, self.fed[:0]
-
-
-class CompiledHeadDrafter(FeatureHeadDrafter):
-    """A :class:`FeatureHeadDrafter` whose forwards run :func:`head_step` on fixed shapes (see the
-    module docstring); the same q as the eager drafter's, to the compiled kernels' rounding."""
-
-    def __init__(self, head, to_probs: ToProbs | None, steps: HeadSteps, slots: int):
-        super().__init__(head, to_probs)
-        self.steps = steps
-        self.buffers = HeadBuffers.allocate(head, slots)
-        self._cached = 0  # entries 0..cached-1 of the buffers hold committed tokens (true target features)
-
-    def bind(self, target, to_probs: ToProbs | None) -> "CompiledHeadDrafter":
-        self.head.check_fits(target)
-        return CompiledHeadDrafter(self.head, to_probs or self.to_probs, self.steps, self.buffers.slots)
-
-    def fresh(self) -> "CompiledHeadDrafter":
-        return CompiledHeadDrafter(self.head, self.to_probs, self.steps, self.buffers.slots)
-
-    def compiled(self, compile_config, room: int) -> "CompiledHeadDrafter":
-        return self
-
-    def modules(self) -> list[torch.nn.Module]:
-        return []  # its linears are the compiler's, not opttree's CPU kernels
-
-    @property
-    def cached(self) -> int:
-        return self._cached
-
-    def _forward(self, eager: bool, features, tokens, positions, slots, visible) -> tuple[torch.Tensor, torch.Tensor]:
-        """[w, H], [w], [w], [w], [w, S] -> (g [w, H], logits over the kept tokens [w, K])."""
-        head = self.head
-        with torch.inference_mode():
-            out = self.steps(eager, head, self.buffers.keys, self.buffers.values, head.output_rows(), head.out_bias,
-                             features, tokens, positions, slots, visible)
-        self.forwards += 1
-        return out
-
-    def root_probs(self, sequence: torch.Tensor) -> torch.Tensor:
-        start, q = self.entries(sequence)
-        self.fed = self.fed[:0]
-        if q == 0:
-            return self.nothing_to_read()
-        cached = self._cached
-        prefill = cached == 0  # the prompt: eager, at its own length
-        w = q if prefill else padded_size(q)
-        self.buffers = self.buffers.holding(cached + w, cached)
-        ids = self.buffers.slot_ids
-        rows = ids[:w].clamp(max=q - 1)  # [w]: pad rows repeat the last committed token
-        positions = rows + cached  # [w]
-        tokens = on(sequence[start:], self.head.device).index_select(0, rows)  # [w]
-        features = self.pending[:q].index_select(0, rows)  # [w, H]
-        visible = ids[None] <= positions[:, None]  # [w, S]: causal over the committed slots
-        g, logits = self._forward(prefill, features, tokens, positions, ids[cached:cached + w], visible)
-        self._cached = cached + q
-        self.pending = self.pending[q:]
-        self.root_position = cached + q - 1
-        self.predicted = g[q - 1:q].clone()  # a compiled run's outputs may be overwritten by the next run
-        return self.probs_of(logits[q - 1:q]).full()[0]
-
-    def expand_probs(self, pool: DraftTree, frontier: torch.Tensor) -> DraftProbs:
-        """frontier: [k] long pool ids -> their children's q over the kept tokens, as the eager
-        drafter's, from one forward of padded_size(k) rows; no host read."""
-        device = self.head.device
-        frontier = on(frontier, device)
-        k, f, cached = frontier.shape[0], self.fed.shape[0], self._cached
-        w = padded_size(k)
-        self.buffers = self.buffers.holding(cached + f + w, cached + f)
-        padded = frontier if w == k else torch.cat([frontier, frontier[:1].expand(w - k)])  # [w] pool ids
-        features = self.predicted.index_select(0, pool.parents.index_select(0, padded) + 1)  # [w, H] the parents' g
-        ancestors = pool.ancestor_mask().index_select(0, padded)  # [w, m]
-        columns = torch.cat([self.fed, frontier])  # [f + k] pool ids of the tree entries after this forward
-        tree = ancestors.index_select(1, columns)  # [w, f + k]
-        rest = self.buffers.slots - cached - f - k
-        visible = torch.cat([tree.new_ones(w, cached), tree, tree.new_zeros(w, rest)], dim=1)  # [w, S]
-        positions = ancestors.sum(dim=1) + self.root_position  # depth = ancestors, self included
-        slots = self.buffers.slot_ids[cached + f:cached + f + w]
-        g, logits = self._forward(False, features, pool.tokens.index_select(0, padded), positions, slots, visible)
-        self.fed = columns
-        self._store_predicted(len(pool), frontier, g[:k])
-        return self.probs_of(logits[:k])
-
-    def commit(self, accepted_pool_ids: list[int]) -> None:
-        # the tree's entries stay in the buffers past ``cached``, unseen, until overwritten
+        # Tree entries read predicted features: their slots past ``cached`` stay unseen until overwritten.
+        # The accepted tokens are fed again, with the target's features, by the next root_probs.
         self.fed = self.fed[:0]
 
 
-__all__ = ["CompiledHeadDrafter", "FeatureHeadDrafter", "causal_visible"]
+__all__ = ["FeatureHeadDrafter"]

@@ -66,6 +66,7 @@ class EagleConfig:
     rope_frequencies: tuple[float, ...] = ()
     rope_attention_scaling: float = 1.0
     rope_settings: str = ""  # the head's config.json RoPE fields as read (a JSON object), written back by export
+    stored_dtype: str = ""  # the folder's floating dtype ("float16"...), what export writes; "" mixed, or no folder
 
     def __post_init__(self):
         object.__setattr__(self, "taps", tuple(int(i) for i in self.taps))
@@ -128,18 +129,12 @@ class EagleHead(DraftHead):
         x = torch.cat([embedded, features.to(self.device, dtype)], dim=-1)
         return x if self.c.layout == EAGLE3 else self.fc(x)
 
-    def forward(self, features, tokens, positions, past, mask):
+    def forward(self, features, tokens, positions, past, mask, slots=None):
         x, news, kv_heads = self.entry(features, tokens), [], self.c.num_kv_heads
         for i, layer in enumerate(self.decoder_layers()):
-            x, new = layer(x, positions, None if past is None else past.layer(i, kv_heads), mask)
+            x, new = layer(x, positions, None if past is None else past.layer(i, kv_heads), mask, slots)
             news.append(new)
         return x, KV.stack(news)
-
-    def step_into(self, features, tokens, positions, cache, slots, mask):
-        x, kv_heads = self.entry(features, tokens)[None], self.c.num_kv_heads
-        for i, layer in enumerate(self.decoder_layers()):
-            x = layer.forward_into(x, positions[None], cache.layer(i, kv_heads), slots, mask)
-        return x[0]
 
     def target_features(self, hidden_states) -> torch.Tensor:
         """EAGLE-3: fc of the taps concatenated low to high [b, T, h]; EAGLE-1: the last (normed) state."""

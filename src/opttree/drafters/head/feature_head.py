@@ -121,29 +121,15 @@ class FeatureHead(DraftHead):
         self.embed = [embed]  # a list: not a submodule, so never saved nor moved with the head
         self._merged: tuple[tuple, torch.Tensor] | None = None  # output_rows() cached outside autograd
 
-    def forward(self, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
-                past: KV | None, mask: torch.Tensor) -> tuple[torch.Tensor, KV]:
-        """features [b, q, H] (f_{j-1}), tokens [b, q] (t_j), positions [b, q], mask
-        [b, 1, q, s + q] -> (predicted features g_j [b, q, H], the new entries' KV)."""
-        x = self.entry(features, tokens)
-        if not len(self.more_layers):
-            x, new = self.layer(x, positions, past, mask)
-            return self.norm(x), new
-        news, kv_heads = [], self.c.num_kv_heads
+    def forward(self, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, past: KV | None,
+                mask: torch.Tensor, slots: torch.Tensor | None = None) -> tuple[torch.Tensor, KV]:
+        """features [b, q, H] (f_{j-1}), tokens [b, q] (t_j), positions [b, q], past and mask as
+        :meth:`DraftHead.forward`'s -> (predicted features g_j [b, q, H], the new entries' KV)."""
+        x, news, kv_heads = self.entry(features, tokens), [], self.c.num_kv_heads
         for i, layer in enumerate(self.layers()):
-            x, new = layer(x, positions, None if past is None else past.layer(i, kv_heads), mask)
+            x, new = layer(x, positions, None if past is None else past.layer(i, kv_heads), mask, slots)
             news.append(new)
         return self.norm(x), KV.stack(news)
-
-    def step_into(self, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, cache: KV,
-                  slots: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """features [w, H], tokens [w], positions [w], the buffers [1, layers * kv_heads, S, d] (written
-        at ``slots`` [w]), mask [1, 1, w, S] -> predicted features g [w, H] (DraftHead.step_into)."""
-        x = self.entry(features, tokens)[None]  # [1, w, H]
-        kv_heads = self.c.num_kv_heads
-        for i, layer in enumerate(self.layers()):
-            x = layer.forward_into(x, positions[None], cache.layer(i, kv_heads), slots, mask)
-        return self.norm(x)[0]
 
     def logit_input(self, fed: torch.Tensor) -> torch.Tensor:
         """The predicted feature g itself: the output rows read it as the target's rows read f."""

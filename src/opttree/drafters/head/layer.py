@@ -61,6 +61,10 @@ class KV:
     def __len__(self) -> int:
         return self.keys.shape[2]
 
+    def first(self, n: int) -> "KV":
+        """The first ``n`` entries (views)."""
+        return KV(self.keys[:, :, :n], self.values[:, :, :n])
+
     def cat(self, other: "KV") -> "KV":
         return KV(torch.cat([self.keys, other.keys], 2), torch.cat([self.values, other.values], 2))
 
@@ -116,23 +120,22 @@ class HeadLayer(nn.Module):
         v = a.v_proj(h).view(b, q, c.num_kv_heads, c.head_dim).transpose(1, 2)
         return KV(apply_rotary(k, cos, sin), v)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, past: KV | None,
-                mask: torch.Tensor) -> tuple[torch.Tensor, KV]:
-        """x [b, q, H]; positions [b, q]; past: cached entries (s of them) or None;
-        mask [b, 1, q, s + q] additive. Returns (output [b, q, H], the new entries' KV)."""
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, past: KV | None, mask: torch.Tensor,
+                slots: torch.Tensor | None = None) -> tuple[torch.Tensor, KV]:
+        """x [b, q, H]; positions [b, q]; mask [b, 1, q, n] additive over the n entries attended.
+        Two caches: ``slots`` None: ``past`` holds the s entries before these (or None), the new ones
+        follow them (n = s + q; training's); ``slots`` [q] long: ``past`` is a buffer of fixed size
+        [b, kv_heads, S, d], the new entries written in place at ``slots`` before attending over its
+        first n (the drafters' step, :mod:`opttree.drafters.head.graph`).
+        Returns (output [b, q, H], the new entries' KV)."""
         residual, query, new = self._project(x, positions)
-        kv = new if past is None else past.cat(new)
+        if slots is None:
+            kv = new if past is None else past.cat(new)
+        else:
+            past.keys.index_copy_(2, slots, new.keys)
+            past.values.index_copy_(2, slots, new.values)
+            kv = past.first(mask.shape[-1])
         return self._finish(residual, query, kv, mask), new
-
-    def forward_into(self, x: torch.Tensor, positions: torch.Tensor, cache: KV, slots: torch.Tensor,
-                     mask: torch.Tensor) -> torch.Tensor:
-        """The same layer on a cache of fixed size (:mod:`opttree.drafters.head.graph`): x [b, q, H];
-        positions [b, q]; cache: this layer's buffers [b, kv_heads, S, d], the new entries written in
-        place at ``slots`` [q] long before attending; mask [b, 1, q, S] additive -> output [b, q, H]."""
-        residual, query, new = self._project(x, positions)
-        cache.keys.index_copy_(2, slots, new.keys)
-        cache.values.index_copy_(2, slots, new.values)
-        return self._finish(residual, query, cache, mask)
 
     def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """positions [b, q] long -> this layer's (cos, sin) [b, 1, q, head_dim] (:func:`rotary`)."""
