@@ -40,6 +40,7 @@ from ..drafters.head.eagle import EAGLE3, EagleHead
 from ..hf.width import CARRIED_WIDTH, text_config
 from ..loading.eagle_export import export_draft
 from ..loading.eagle_folder import CONFIG_FILE, read_config
+from ..loading.files import check_new_folder, written_whole
 from ..loading.layer_ids import explicit_ids
 from .inflate import INFLATED_FROM, layer_places, shape_of
 
@@ -127,14 +128,18 @@ def inflate_eagle3_head(head, source_target, inflated_target) -> EagleHead:
 def write_inflated_head(head, source_target, inflated_target, folder: str | Path,
                         dtype: torch.dtype | None = None) -> Path:
     """:func:`inflate_eagle3_head` written by :func:`opttree.export_draft` (EAGLE-3 layout) to
-    ``folder``, in ``dtype`` (default: the head's), with its taps named explicitly. -> the folder."""
+    ``folder`` (new or empty, written whole), in ``dtype`` (default: the head's), with its taps named
+    explicitly. -> the folder."""
+    folder = Path(folder)
+    check_new_folder(folder)
     big = inflate_eagle3_head(head, source_target, inflated_target)
     if dtype is not None:
         big = big.to(dtype)
-    folder = export_draft(big, folder)
-    config = read_config(folder)
-    config.update(explicit_ids(big.c.taps, big.c.target_layers))
-    (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+    with written_whole(folder) as partial:
+        export_draft(big, partial)
+        config = read_config(partial)
+        config.update(explicit_ids(big.c.taps, big.c.target_layers))
+        (partial / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
     return folder
 
 

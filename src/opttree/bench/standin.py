@@ -15,29 +15,24 @@ path; it keeps :data:`~opttree.hf.width.CARRIED_WIDTH` and :data:`~.inflate.INFL
 vLLM ignores and opttree reads: drafts made for the source draft against it), ``model.safetensors``
 (sharded where large), ``generation_config.json`` and the tokenizer's files. Loaded back with
 ``AutoModelForCausalLM.from_pretrained(folder)``, it computes the source's function (greedy output
-equal; logits within rounding). The folder must be new or empty; it is written into a sibling
-partial folder and renamed into place, so an interrupted write leaves no half folder.
+equal; logits within rounding). The folder must be new or empty; it is written whole
+(:func:`opttree.loading.files.written_whole`, as :func:`opttree.smollm2.save_smollm2` writes SmolLM2's),
+so an interrupted write leaves no half folder.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
 from pathlib import Path
 
 import torch
 
+from ..loading.files import check_new_folder, written_whole
 from .inflate import Shape, inflate, parse_size
 
 DTYPES = ("float32", "bfloat16", "float16")
-
-
-def check_new_folder(folder: Path) -> None:
-    """``folder`` must not exist, or be an empty folder; ValueError naming it otherwise."""
-    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
-        raise ValueError(f"{folder} exists and is not an empty folder: give a new folder for the stand-in")
 
 
 def write_inflated(target, tokenizer, size: str | Shape, folder: str | os.PathLike,
@@ -51,17 +46,10 @@ def write_inflated(target, tokenizer, size: str | Shape, folder: str | os.PathLi
     shape = parse_size(size)
     big = inflate(target, shape, dtype=dtype, device="cpu")  # a fresh model: no quantization_config (inflated_config)
     big.config._name_or_path = ""  # not the source's path (a GGUF folder)
-    partial = folder.with_name(f".{folder.name}.{os.getpid()}.partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    try:
+    with written_whole(folder) as partial:
         big.save_pretrained(partial, safe_serialization=True)
         if tokenizer is not None:
             tokenizer.save_pretrained(partial)
-        if folder.exists():
-            folder.rmdir()  # empty (checked above)
-        partial.rename(folder)
-    finally:
-        shutil.rmtree(partial, ignore_errors=True)
     return folder
 
 
@@ -87,11 +75,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         parse_size(args.size)
         check_target_spec(args.target)
-        check_new_folder(Path(args.out))
+        check_new_folder(Path(args.out), "--out ")
         if bool(args.head) != bool(args.head_out):
             raise ValueError("--head and --head-out go together: the head to inflate and where it goes")
         if args.head_out:
-            check_new_folder(Path(args.head_out))
+            check_new_folder(Path(args.head_out), "--head-out ")
         source, tokenizer = load_target(args.target, torch.float32, "cpu")
         dtype = getattr(torch, args.dtype)
         folder = write_inflated(source, tokenizer, args.size, args.out, dtype=dtype)
