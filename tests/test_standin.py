@@ -95,6 +95,24 @@ def test_the_command_line_refuses_in_one_line_before_any_model_loads(argv, words
     assert words in error and not (tmp_path / "OUT").exists()
 
 
+def test_the_command_line_writes_the_stand_in_and_its_head(tmp_path, monkeypatch, capsys):
+    import opttree.bench.models as models
+
+    target = target_for("llama")
+    head = write_eagle3(tmp_path / "head", target)
+    monkeypatch.setattr(models, "check_target_spec", lambda spec: None)
+    monkeypatch.setattr(models, "load_target", lambda spec, dtype, device: (target, None))
+    size = "hidden_size=64,intermediate_size=96,num_attention_heads=8,num_key_value_heads=4,num_hidden_layers=12"
+    assert main(["--target", "tiny", "--size", size, "--out", str(tmp_path / "big"), "--dtype", "float32",
+                 "--head", str(head), "--head-out", str(tmp_path / "big-head")]) == 0
+    assert capsys.readouterr().out.count("wrote ") == 2
+    big = tf.AutoModelForCausalLM.from_pretrained(tmp_path / "big").eval()
+    inflated = opttree.load_draft(tmp_path / "big-head", big)
+    assert inflated.c.taps == (2, 4, 5) and inflated.c.target_layers == 12
+    torch.testing.assert_close(_q_pair(inflated, big, prompt(0))[0],
+                               _q_pair(opttree.load_draft(head, target), target, prompt(0))[0], rtol=1e-5, atol=1e-6)
+
+
 # -- the inflated EAGLE-3 head ----------------------------------------------------------------------
 
 def test_each_source_layer_s_input_state_is_where_tap_places_says():
