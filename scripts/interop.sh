@@ -16,7 +16,8 @@
 #   one layer must move both (scripts/interop/compare.py).
 # Environment: INTEROP_THREADS (1), INTEROP_DTYPES ("bfloat16 float32"), INTEROP_K (3), INTEROP_PROMPTS (10),
 #   INTEROP_TOKENS (64), INTEROP_QUESTIONS (../shared/data/spec_bench_questions.jsonl), INTEROP_HEAD (an
-#   EAGLE-3 head folder to use instead of training one), INTEROP_SPEC_VENV / INTEROP_VLLM_VENV (existing venvs).
+#   EAGLE-3 head folder to use instead of training one), INTEROP_SPEC_VENV / INTEROP_VLLM_VENV (existing venvs),
+#   INTEROP_WRAP (a command to run each CPU-heavy step under).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 part=${1:-all}
@@ -26,7 +27,7 @@ THREADS=${INTEROP_THREADS:-1}
 mkdir -p "$W"
 bash scripts/setup.sh  # opttree's own .venv
 OPT="${OPTTREE_VENV:-.venv}/bin/python"
-RUN=$(command -v cpu-run || true)  # a shared machine's CPU lock, where there is one
+RUN=${INTEROP_WRAP:-}  # a command each CPU-heavy step runs under (a CPU lock on a shared machine); none by default
 export OMP_NUM_THREADS=$THREADS HF_HUB_OFFLINE=1 PYTHONPATH="$PWD/src"
 source scripts/vllm_venv.sh  # vllm_venv, vllm_env: the venv and environment scripts/peers.sh and the bench use
 

@@ -779,19 +779,20 @@ def test_calibration_times_a_sliding_window_model_past_its_window_as_decoding_ru
 
 
 def test_calibration_times_the_verification_forward_decoding_runs(monkeypatch):
-    """One verification forward: the rig runs the function the loop runs (hf.compiled.target_forward),
-    on the inputs a step builds for that size (padded to its verification size, on the rig's prefix)."""
+    """One verification forward: the rig runs the function the loop runs (hf.compiled.target_forward, through
+    its one seam with hf, ScratchTarget), on the inputs a step builds for that size (padded to its
+    verification size, on the rig's prefix)."""
     from opttree.hf import compiled
     from opttree.loop import generation
 
-    assert timing.target_forward is compiled.target_forward and generation.target_forward is compiled.target_forward
+    assert generation.target_forward is compiled.target_forward
     calls, real = [], compiled.target_forward
 
     def spy(target, inputs, cache, want_hidden, extra=None, forward=None):
         calls.append((inputs.input_ids.shape[1], inputs.past_len, want_hidden, extra, forward))
         return real(target, inputs, cache, want_hidden, extra, forward)
 
-    monkeypatch.setattr(timing, "target_forward", spy)
+    monkeypatch.setattr(compiled, "target_forward", spy)
     rig = timing.VerifyRig(tiny_model("llama"), prefix=8, hidden=True)
     assert rig.run(5) > 0 and rig.run(0) > 0
     assert calls == [(8, 8, True, None, None), (1, 8, True, None, None)]  # 1 + 5 rows padded to 8; the root alone

@@ -121,3 +121,37 @@ def test_the_floors_design_draws_are_the_folders_declared_imports():
     # negative controls: an arrow up moves a floor, and a folder drawn on the wrong floor is read as drawn
     assert floors({"a": {"b"}, "b": set()}) == {"a": 2, "b": 1}
     assert drawn_floors("- floor 2: `loop/` (x) and `budget/`\n- floor 1: `tree/`\n") == {"loop": 2, "budget": 2, "tree": 1}
+
+
+TORCH_PRIVATE = {"_dynamo", "_version"}  # torch's own (torch._dynamo, a tensor's _version), not transformers'
+
+
+def foreign_privates(sources: dict[str, str]) -> list[tuple[str, int, str]]:
+    """``x._name`` reads and writes whose name opttree never defines (a transformers or torch private),
+    in the given sources (path -> text); opttree's own names (defined anywhere in the package) pass."""
+    own = set()
+    for text in [p.read_text() for p in PACKAGE.rglob("*.py")] + list(sources.values()):
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                own.add(node.name)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and \
+                    isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+                own.add(node.attr)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                own.add(node.id)
+            elif isinstance(node, ast.Dict):  # a class made by type(name, bases, {"_field": ...})
+                own |= {key.value for key in node.keys if isinstance(key, ast.Constant) and isinstance(key.value, str)}
+    return sorted((path, node.lineno, node.attr) for path, text in sources.items() for node in ast.walk(ast.parse(text))
+                  if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
+                  and node.attr not in own and node.attr not in TORCH_PRIVATE)
+
+
+def test_outside_hf_the_runtime_touches_no_private_name_of_transformers():
+    """DESIGN: `hf/` is where transformers' internals are touched. The runtime's other folders
+    (kernels/ aside: torch's own CPU ops) read and write no private attribute opttree does not define."""
+    runtime = ("integration", "loop", "loading", "drafters", "budget", "verify", "tree")
+    sources = {str(p.relative_to(PACKAGE)): p.read_text() for folder in runtime for p in (PACKAGE / folder).rglob("*.py")}
+    assert foreign_privates(sources) == []
+    # negative controls: generate()'s prepared pad token and a config's attention switch are caught
+    caught = foreign_privates({"x.py": "def f(g, c):\n    c._attn_implementation = 's'\n    return g._pad_token_tensor\n"})
+    assert [name for _, _, name in caught] == ["_attn_implementation", "_pad_token_tensor"]

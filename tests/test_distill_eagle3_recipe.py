@@ -29,7 +29,8 @@ from opttree.distill.recipes import resident  # noqa: E402
 from opttree.distill.recipes.precision import probe_round  # noqa: E402
 from opttree.distill.recipes.recipe import load_recipe, parse_recipe  # noqa: E402
 from opttree.distill.train.checkpoint import CHECKPOINT_FILE  # noqa: E402
-from opttree.drafters.head.eagle import EAGLE3, EagleHead  # noqa: E402
+from opttree.drafters.head.eagle import EagleHead  # noqa: E402
+from opttree.loading.eagle import Eagle3Head  # noqa: E402
 
 RECIPE = """
 name = "tiny-eagle3"
@@ -122,7 +123,7 @@ def test_the_resident_round_ships_an_eagle3_folder_that_decodes_as_plain(recipe_
     assert training["init"].endswith("first")  # it went on from the first stage's
     target = saved_target(recipe_dir)
     head = load_draft(recipe_dir / "head", target)
-    assert isinstance(head, EagleHead) and head.c.layout == EAGLE3 and tuple(head.c.taps) == (2, 4, 5)
+    assert isinstance(head, EagleHead) and isinstance(head, Eagle3Head) and tuple(head.c.taps) == (2, 4, 5)
     ids = torch.randint(4, target.config.vocab_size, (1, 7), generator=torch.Generator().manual_seed(1))
     plain = target.generate(ids, max_new_tokens=16, do_sample=False)
     got = speculative(target).generate(ids, max_new_tokens=16, do_sample=False, draft_model=str(recipe_dir / "head"),

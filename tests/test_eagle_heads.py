@@ -470,7 +470,7 @@ except ValueError as error:
                          cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.strip().splitlines()
-    assert lines[0] == "EagleHead True"
+    assert lines[0] == "Eagle3Head True"
     assert "'acme/not-cached': the Hub repository is not in the local cache" in lines[1] and "hf download" in lines[1]
 
 

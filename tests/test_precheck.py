@@ -5,13 +5,13 @@ before any forward. Negative control: without the draft, stock generate() takes 
 from __future__ import annotations
 
 import copy
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import torch
 
 from models import tiny_model
+from test_contract import counted_forwards
 from opttree import SpeculativeGenerator, speculative, speculative_generate
 from opttree.integration import entry, precheck
 
@@ -38,17 +38,6 @@ def way(name, target, draft):
     if name == "SpeculativeGenerator":
         return lambda **kw: SpeculativeGenerator(target, draft).generate(**kw)
     return lambda **kw: target.generate(custom_generate=HUB_FOLDER, trust_remote_code=True, draft_model=draft, **kw)
-
-
-@contextmanager
-def counted_forwards(*models):
-    calls = []
-    hooks = [m.register_forward_pre_hook(lambda *_: calls.append(1)) for m in models]
-    try:
-        yield calls
-    finally:
-        for hook in hooks:
-            hook.remove()
 
 
 BAD = {  # name -> (generate()'s keyword arguments, what the one error says)

@@ -29,16 +29,14 @@ from eagle_folders import target_for, write_eagle3
 from opttree import cli
 from opttree.bench import models as bench_models
 from opttree.drafters.head.eagle import EagleHead
+from test_bench_arguments import Loaded
+from test_bench_arguments import no_loading as bench_loaders_refused  # noqa: F401 (a fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-class Loaded(Exception):
-    """A model loader was called."""
-
-
 @pytest.fixture
-def no_loading(monkeypatch):
+def no_loading(bench_loaders_refused, monkeypatch):
     """from_pretrained and the bench's loaders raise Loaded: a command that reaches one checked too late."""
     from transformers import AutoModelForCausalLM
 
@@ -46,8 +44,6 @@ def no_loading(monkeypatch):
         raise Loaded(args[0] if args else None)
 
     monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", refuse)
-    monkeypatch.setattr(bench_models, "load_target", refuse)
-    monkeypatch.setattr(bench_models, "load_draft_model", refuse)
 
 
 def one_line(capsys, argv, prog: str) -> str:

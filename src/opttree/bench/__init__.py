@@ -18,7 +18,9 @@ every method's output is checked against plain greedy generate(). Command line::
   worker process in the engine's own venv (``scripts/peers.sh``) running :mod:`.peer_worker` (stdlib and
   vLLM only), checked against plain like the others;
 * :mod:`.inflate`: a target inflated to a bigger model's cost, computing the same function (a cost
-  stand-in, ``smollm2:1b``); nothing on the decoding path imports it.
+  stand-in, ``smollm2:1b``); nothing on the decoding path imports it. :mod:`.standin` writes it as a
+  plain Hugging Face folder that vLLM loads (``python -m opttree.bench.standin --size 1b --out DIR``),
+  and :mod:`.inflate_head` inflates an EAGLE-3 head to match, so that both engines serve the pair.
 
 From Python, with models already loaded::
 

@@ -14,14 +14,17 @@ How (every step keeps the function exact):
 - the head size is kept; query head i of key/value group g goes to slot (i mod r) of group g, where
   the new model has R >= r query heads per group, so it still reads its own keys and values; the
   new heads, MLP units and layers have zero output projections (``o_proj``, ``down_proj``), so
-  they add nothing to the residual stream.
+  they add nothing to the residual stream;
+- source layer i is layer i of the inflated model, the added layers come after them
+  (:func:`layer_places`: what an EAGLE-3 head's taps follow, :mod:`.inflate_head`).
 
 The config records the source's shape (:data:`INFLATED_FROM`) and the width that carries its function
 (:data:`opttree.hf.width.CARRIED_WIDTH`, a field any target may carry), so drafts made for the source
 work against the inflated model unchanged: decoding sees an ordinary target.
 The model is built directly on ``device`` in ``dtype`` (on the meta device first, then filled), so
 a 6 B stand-in never exists in float32 on the way; a size whose weights do not fit the device's
-free memory is refused before anything is allocated.
+free memory is refused before anything is allocated. :mod:`.standin` writes a stand-in as a plain
+Hugging Face folder (``python -m opttree.bench.standin --size 1b --out DIR``), and its EAGLE-3 head.
 """
 
 from __future__ import annotations
@@ -199,6 +202,25 @@ def meminfo_available(path: str = "/proc/meminfo") -> int | None:
     return None
 
 
+def layer_places(source_layers: int, layers: int) -> tuple[int, ...]:
+    """Where :func:`inflate` puts each of the source's ``source_layers`` decoder layers among the
+    inflated model's ``layers``: source layer i is inflated layer i, the added zero layers follow
+    (they leave the residual stream as it is). So the state entering source layer i (its
+    ``output_hidden_states[i]``) is the inflated model's ``output_hidden_states[layer_places(...)[i]]``
+    in the first entries; an EAGLE-3 head's taps follow it (:mod:`.inflate_head`). ``layers`` >= the
+    source's (:func:`check_bigger`)."""
+    return tuple(range(source_layers))
+
+
+def _placed_name(name: str, places: tuple[int, ...]) -> str:
+    """A source parameter's name in the inflated model: ``model.layers.{i}.*`` -> ``model.layers.{places[i]}.*``."""
+    head, sep, tail = name.partition(".layers.")
+    index, dot, rest = tail.partition(".")
+    if not sep or not dot or not index.isdigit():
+        return name
+    return f"{head}.layers.{places[int(index)]}.{rest}"
+
+
 def _place_heads(source: Shape, shape: Shape) -> list[int]:
     """The new index of each source query head: head i of group g at slot (i mod r) of group g."""
     r = source.num_attention_heads // source.num_key_value_heads
@@ -271,7 +293,8 @@ def inflate(model, size: str | Shape, *, dtype: torch.dtype | None = None, devic
     big = big.to(dtype=dtype).to_empty(device=device)
     big.tie_weights()
     d = head_dim(model.config)
-    sources = dict(model.named_parameters())
+    places = layer_places(source.num_hidden_layers, shape.num_hidden_layers)
+    sources = {_placed_name(name, places): p for name, p in model.named_parameters()}
     for name, p in big.named_parameters():
         p.zero_()  # new heads, units and layers: zero
         if name in sources:
@@ -284,4 +307,4 @@ def inflate(model, size: str | Shape, *, dtype: torch.dtype | None = None, devic
 
 
 __all__ = ["LLAMA_TYPES", "SIZES", "Shape", "check_bigger", "check_layer_types", "check_llama_shaped", "inflate",
-           "inflated_config", "parameter_bytes", "parse_size"]
+           "inflated_config", "layer_places", "parameter_bytes", "parse_size"]

@@ -33,7 +33,7 @@ from ..hf.validation import context_length
 from ..kernels import linears
 from ..tree.config import TreeConfig
 from ..tree.plan import BudgetPolicy, FixedPolicy
-from .calibration_file import cache_dir, cache_mode, key_digest, read_cached, write_cached
+from .calibration_file import cache_dir, cache_mode, key_digest, stored
 from .latency import LatencyModel
 from .policy import AutoPolicy, as_calibrated
 from .timing import (BUDGET_FORWARDS, BUDGET_SECONDS, CALIBRATION_PREFIX, DRAFTER_REPEATS, DRAFT_WIDTHS, TIMING_ORDER,
@@ -140,14 +140,10 @@ def calibrate(target, drafter=None, new_drafter: Callable[[], object] | None = N
         known = None if mode == "refresh" else _remembered(digest)  # measured while this call waited
         if known is not None:
             return known
-        latency = read_cached(key, folder) if mode == "on" else None
-        if latency is None:
-            compiled = forward_kind(forward) == "compiled"  # a compiled target's linears are the compiler's
-            kernels = [m for m in (target, *drafter.modules()) if not (compiled and m is target)]
-            with linears.fast_linears(*kernels, on=bool(kernels)):  # as the decoding loops run (integration/entry.py)
-                latency = measure(target, new_drafter, prefix, forward, hidden=drafter.wants_hidden_states)
-            if mode != "off":
-                write_cached(key, latency, folder)
+        compiled = forward_kind(forward) == "compiled"  # a compiled target's linears are the compiler's
+        kernels = [m for m in (target, *drafter.modules()) if not (compiled and m is target)]  # as decoding's
+        latency = stored(key, folder, mode, lambda: measure(target, new_drafter, prefix, forward,
+                                                            hidden=drafter.wants_hidden_states, kernels=kernels))
         latency.calibrated = as_calibrated(latency)  # as measured or read: sampled calls plan from it
         with _pairs_lock:
             _PAIRS[digest] = latency

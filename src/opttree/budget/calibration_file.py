@@ -85,6 +85,17 @@ def with_fitted_sizes(latency: LatencyModel) -> LatencyModel:
     return latency
 
 
+def stored(key: dict, folder: Path, mode: str, measure: Callable[[], LatencyModel]) -> LatencyModel:
+    """``key``'s LatencyModel as :func:`cache_mode` ``mode`` says: read from its file in ``folder``
+    (``"on"``), else (none, or one that cannot be used) ``measure()``d and written there (not ``"off"``)."""
+    latency = read_cached(key, folder) if mode == "on" else None
+    if latency is None:
+        latency = measure()
+        if mode != "off":
+            write_cached(key, latency, folder)
+    return latency
+
+
 def read_cached(key: dict, folder: Path) -> LatencyModel | None:
     """The cached LatencyModel of ``key`` in ``folder``; None when there is none or it cannot be
     used (named in a warning: the caller measures again and rewrites it)."""
@@ -204,5 +215,5 @@ def _kind(value) -> str:
 
 
 __all__ = ["MAX_SECONDS", "MIN_SECONDS", "cache_dir", "cache_mode", "from_json", "key_digest", "measured_verify",
-           "parse_document", "parse_latency", "parse_seconds", "parse_table", "read_cached", "read_keyed_file", "to_json",
-           "with_fitted_sizes", "write_cached"]
+           "parse_document", "parse_latency", "parse_seconds", "parse_table", "read_cached", "read_keyed_file", "stored",
+           "to_json", "with_fitted_sizes", "write_cached"]

@@ -11,11 +11,8 @@ import time
 from typing import Callable
 
 import torch
-from transformers import StaticCache
 
-from ..hf import kv_cache
-from ..hf.compat import with_cache
-from ..hf.compiled import MIN_SLOTS, target_forward
+from ..hf.compiled import ScratchTarget
 from ..hf.width import carried_width, vocab_size
 from ..kernels import linears
 from ..tree.draft_tree import DraftTree
@@ -43,13 +40,15 @@ DRAFTER_REPEATS = 3  # timed rounds of the drafter's protocol
 
 
 def measure(target, new_drafter: Callable[[], object] | None, prefix: int = CALIBRATION_PREFIX,
-            forward=None, hidden: bool = False) -> LatencyModel:
+            forward=None, hidden: bool = False, kernels=()) -> LatencyModel:
     """A fresh LatencyModel: T(n) on the target, through ``forward`` (the verification forward decoding
     runs; ``hidden``: it returns the hidden states), the sizes not timed fitted; the drafter through a
     scratch one from ``new_drafter()`` (without one, or if timing it fails, the draft cost is learnt
-    from the steps)."""
-    timed = measure_verify_budgeted(target, prefix=prefix, forward=forward, hidden=hidden)
-    drafted = None if new_drafter is None else time_drafter(new_drafter, target, prefix)
+    from the steps). ``kernels``: the modules whose few-row linears run through opttree's CPU kernels
+    while it times (:func:`opttree.kernels.linears.fast_linears`), as in the decoding loops."""
+    with linears.fast_linears(*kernels, on=bool(kernels)):
+        timed = measure_verify_budgeted(target, prefix=prefix, forward=forward, hidden=hidden)
+        drafted = None if new_drafter is None else time_drafter(new_drafter, target, prefix)
     latency = LatencyModel(verify=complete_table(timed, VERIFY_NODES), verify_measured=frozenset(timed.sizes))
     if drafted is not None:
         latency.root_seconds, latency.layer = drafted
@@ -91,49 +90,38 @@ def _median(xs) -> float:
 
 class VerifyRig:
     """A target prefilled with ``prefix`` made-up tokens, ready to time verification forwards as
-    decoding runs them: ``run(n)`` is one forward over the root and ``n`` tree nodes (children of the
-    root, padded to their verification size; a sliding-window or chunked layer holding its window,
-    masked per layer type), the cache cropped back after it; its seconds."""
+    decoding runs them (:class:`~opttree.hf.compiled.ScratchTarget`): ``run(n)`` is one forward over the
+    root and ``n`` tree nodes (children of the root, padded to their verification size; a sliding-window
+    or chunked layer holding its window, masked per layer type), the cache cropped back after it; its seconds."""
 
     def __init__(self, target, prefix: int, forward=None, hidden: bool = False):
-        self.target, self.prefix = target, prefix
-        self.forward, self.hidden = (forward if forward is not None and forward.compiles else None), hidden
-        self.device, self.vocab = target.device, int(target.get_input_embeddings().weight.shape[0])
+        self.prefix, self.dtype, self.device = prefix, target.dtype, target.device
+        self.vocab = int(target.get_input_embeddings().weight.shape[0])
         self.layout = MaskLayout.of(target.config)
         self.inputs: dict[int, ForwardInputs] = {}
-        self.kv_len = None if self.forward is None else MIN_SLOTS  # a compiled forward runs on a static cache
-        # made as decoding's: a static cache outside inference mode (integration/prepare.py), its keys and
-        # values allocated by the prefill inside it; a compiled graph guards on which tensors are inference ones
-        if self.forward is None:
-            self.cache = kv_cache.new_cache(target)
-        else:  # the size of a short call's: the graphs it compiles are decoding's too
-            self.cache = StaticCache(config=target.config, max_cache_len=MIN_SLOTS)
-        with torch.inference_mode():
-            ids = (torch.arange(prefix, dtype=torch.long) * 7 % self.vocab)[None, :].to(self.device)
-            target(input_ids=ids, **with_cache(target, self.cache), use_cache=True, logits_to_keep=1)
-            kv_cache.keep_slots(self.cache, prefix, [])  # a sliding window's layers keep the window, as after a step
-        self.dropped = kv_cache.window_offsets(self.cache)
+        self.scratch = ScratchTarget.of(target, prefix, forward, hidden)
+
+    @property
+    def cache(self):
+        """The scratch cache the forwards run on."""
+        return self.scratch.cache
 
     def _inputs(self, n: int) -> ForwardInputs:
         if n not in self.inputs:
             device = self.device
             tree = DraftTree((torch.arange(n, dtype=torch.long) % self.vocab).to(device),
                              torch.full((n,), -1, dtype=torch.long, device=device), torch.ones(n, device=device))
-            self.inputs[n] = verification_inputs(1, tree, self.prefix, self.target.dtype, size=padded_size(n + 1),
-                                                 kv_len=self.kv_len, layout=self.layout, dropped=self.dropped)
+            self.inputs[n] = verification_inputs(1, tree, self.prefix, self.dtype, size=padded_size(n + 1),
+                                                 kv_len=self.scratch.kv_len, layout=self.layout,
+                                                 dropped=self.scratch.dropped)
         return self.inputs[n]
 
     def run(self, n: int) -> float:
-        """One verification forward of ``n`` nodes, decoding's own (:func:`opttree.hf.compiled.target_forward`):
+        """One verification forward of ``n`` nodes, decoding's own (:meth:`~opttree.hf.compiled.ScratchTarget.run`):
         its seconds."""
         with torch.inference_mode():  # its inputs too: a compiled graph guards on inference tensors, and
             inputs = self._inputs(n)  # decoding's are (built outside, each size compiled again in decoding)
-            start = time.perf_counter()
-            target_forward(self.target, inputs, self.cache, self.hidden, forward=self.forward)
-            _sync(self.device)
-            seconds = time.perf_counter() - start
-            kv_cache.keep_slots(self.cache, self.prefix, [])
-        return seconds
+            return self.scratch.run(inputs)
 
 
 def measure_verify(target, sizes=VERIFY_NODES, prefix: int = CALIBRATION_PREFIX,

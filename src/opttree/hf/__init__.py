@@ -9,8 +9,8 @@
 * :mod:`.tree_cache`: the cache contract (which caches a call may use, refused by name with a fix),
   and the target's cache opened for trees and closed back as plain leaves it;
 * :mod:`.compiled`: THE verification forward (``target_forward``: decoding runs it, calibration times
-  it), through generate()'s own compiled callable where generate() would compile plain decoding (one
-  graph per fixed verification size);
+  it on ``ScratchTarget``, the target on a cache of its own), through generate()'s own compiled callable
+  where generate() would compile plain decoding (one graph per fixed verification size);
 * :mod:`.width`: a model's widths: its logits' (the vocabulary), and the width its config says carries
   its function (a field any target may carry), with the embedding and output rows at it.
 

@@ -108,3 +108,11 @@ def scaled_rope(fields: dict) -> tuple[tuple[float, ...], float]:
         raise ValueError(f"RoPE of type {kind!r} has no static frequencies ({', '.join(STATIC_ROPE_TYPES)} have)")
     inverse, scaling = ROPE_INIT_FUNCTIONS[kind](config, torch.device("cpu"))
     return tuple(inverse.float().tolist()), float(scaling)
+
+
+def prepared_pad_token_id(generation_config) -> int | None:
+    """The pad token id generate() prepared for this call: ``_prepare_special_tokens`` resolves
+    ``pad_token_id`` (the config's, else the first EOS id, with its warning) into the private
+    ``_pad_token_tensor`` (transformers 5.18.0 to 5.24.0), the one generate() itself pads with."""
+    pad = generation_config._pad_token_tensor
+    return None if pad is None else int(pad)

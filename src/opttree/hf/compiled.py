@@ -28,6 +28,7 @@ where a GPU is lent (benchmarks/RESULTS.md).
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
@@ -134,5 +135,51 @@ def target_forward(target, inputs: VerifyInputs, cache, want_hidden: bool, extra
     return out.logits.float(), out.hidden_states if want_hidden else None
 
 
-__all__ = ["MIN_SLOTS", "VerifyForward", "VerifyInputs", "cache_slots", "compiles_on_static", "generate_would_compile",
-           "target_forward"]
+@dataclass
+class ScratchTarget:
+    """The target prefilled with made-up tokens on a cache of its own, made as decoding's, on which
+    verification forwards run as decoding runs them (:func:`target_forward`), each cropped back after it:
+    the one thing calibration (:class:`opttree.budget.timing.VerifyRig`) asks of the cache, the target's
+    argument names and the forward. Made by :meth:`of`."""
+
+    target: object
+    cache: object  # a DynamicCache that a tree can be rewound in, or (compiled) a StaticCache of MIN_SLOTS
+    prefix: int  # the committed tokens under the forwards
+    forward: VerifyForward | None  # the compiled verification forward; None: the target, eager
+    hidden: bool  # the forwards return the hidden states (a drafter wants the target's features)
+    kv_len: int | None  # the slots a forward's mask spans (a static cache's); None: the cache grows
+    dropped: dict[int, int]  # {window: slots dropped before those held} (kv_cache.window_offsets)
+
+    @classmethod
+    def of(cls, target, prefix: int, forward: VerifyForward | None = None, hidden: bool = False) -> "ScratchTarget":
+        """``target`` prefilled with ``prefix`` made-up tokens; ``forward``: the verification forward decoding
+        runs (compiled: on a static cache of a short call's size, so the graphs it compiles are decoding's too)."""
+        forward = forward if forward is not None and forward.compiles else None
+        # made as decoding's: a static cache outside inference mode (integration/prepare.py), its keys and
+        # values allocated by the prefill inside it; a compiled graph guards on which tensors are inference ones
+        if forward is None:
+            cache = kv_cache.new_cache(target)
+        else:  # the size of a short call's: the graphs it compiles are decoding's too
+            cache = StaticCache(config=target.config, max_cache_len=MIN_SLOTS)
+        vocab = int(target.get_input_embeddings().weight.shape[0])
+        with torch.inference_mode():
+            ids = (torch.arange(prefix, dtype=torch.long) * 7 % vocab)[None, :].to(target.device)
+            target(input_ids=ids, **with_cache(target, cache), use_cache=True, logits_to_keep=1)
+            kv_cache.keep_slots(cache, prefix, [])  # a sliding window's layers keep the window, as after a step
+        return cls(target, cache, prefix, forward, hidden, None if forward is None else MIN_SLOTS,
+                   kv_cache.window_offsets(cache))
+
+    def run(self, inputs: VerifyInputs) -> float:
+        """One verification forward over ``inputs`` (on :attr:`prefix` committed slots), decoding's own: its
+        seconds, from its start to the device's finish; the cache is cropped back after it."""
+        start = time.perf_counter()
+        target_forward(self.target, inputs, self.cache, self.hidden, forward=self.forward)
+        if self.target.device.type == "cuda":
+            torch.cuda.synchronize(self.target.device)
+        seconds = time.perf_counter() - start
+        kv_cache.keep_slots(self.cache, self.prefix, [])
+        return seconds
+
+
+__all__ = ["MIN_SLOTS", "ScratchTarget", "VerifyForward", "VerifyInputs", "cache_slots", "compiles_on_static",
+           "generate_would_compile", "target_forward"]

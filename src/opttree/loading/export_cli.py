@@ -7,7 +7,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .eagle_export import DTYPES, LAYOUTS, check_exportable, export_draft
+from .eagle import export_layouts
+from .eagle_export import DTYPES, check_exportable, export_draft
 from .files import META_FILE, check_folder, check_new_folder
 from .hub import is_hub_id, is_hub_name
 from .load import load_draft
@@ -28,7 +29,8 @@ def parser(prog: str = "opttree export") -> Parser:
     p.add_argument("draft", help="the head's folder (an EAGLE folder, or one written by `opttree distill`)")
     p.add_argument("out", help="the folder to write (new or empty)")
     p.add_argument("--target", required=True, help="the target model (a Hub name or a folder) the head drafts for")
-    p.add_argument("--layout", default=LAYOUTS[0], choices=LAYOUTS, help="the layout to write (default: %(default)s)")
+    layouts = export_layouts()
+    p.add_argument("--layout", default=layouts[0], choices=layouts, help="the layout to write (default: %(default)s)")
     p.add_argument("--dtype", default=None, choices=tuple(DTYPES),
                    help="the weights' dtype (default: the head folder's own)")
     return p

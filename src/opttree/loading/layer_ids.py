@@ -135,10 +135,16 @@ def written_ids(taps: tuple[int, ...], layers: int) -> dict:
     each id less 1 (SGLang reads that list alone and adds 1), which also gives vLLM's fc its count."""
     if tuple(taps) == default_ids(layers):
         return {}
+    return explicit_ids(taps, layers)
+
+
+def explicit_ids(taps: tuple[int, ...], layers: int) -> dict:
+    """:func:`written_ids`' fields even where ``taps`` are the default ones (a head whose taps are
+    not chosen by the default rule, e.g. an inflated target's: :mod:`opttree.bench.inflate_head`)."""
     if max(taps) >= layers:
         raise ValueError(f"layer id {max(taps)} of a target of {layers} layers: SGLang taps only states entering a "
                          "layer (0 to L-1), so it would misread this head; it cannot be exported")
     return {IDS: list(taps), NESTED: {IDS: [t - 1 for t in taps], "use_aux_hidden_state": True}}
 
 
-__all__ = ["IDS", "RECORD", "RECORD_LAYERS", "check_record", "speculators_view", "tap_ids", "written_ids"]
+__all__ = ["IDS", "RECORD", "RECORD_LAYERS", "check_record", "explicit_ids", "speculators_view", "tap_ids", "written_ids"]

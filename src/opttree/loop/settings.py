@@ -8,6 +8,7 @@ from typing import Callable
 
 import torch
 
+from ..hf.compat import prepared_pad_token_id
 from ..hf.compiled import VerifyForward
 from ..tree.config import TreeConfig
 from ..tree.plan import BudgetPolicy
@@ -43,12 +44,11 @@ class DecodeSettings:
         """The settings of one generate() call: its generation config, logits processors and stopping
         criteria as generate() prepared them, and what the call resolved (the tree, the lengths, the
         budget policies, the verification forward). ``context_length`` None: unbounded."""
-        pad = generation_config._pad_token_tensor
         return cls(
             config, logits_processor, stopping_criteria,
             max_length=max_length,
             context_length=context_length or (1 << 62),
-            pad_token_id=None if pad is None else int(pad),
+            pad_token_id=prepared_pad_token_id(generation_config),
             pad_finished=any(hasattr(c, "eos_token_id") for c in stopping_criteria),  # generate()'s own test
             do_sample=bool(generation_config.do_sample),
             streamer=streamer,

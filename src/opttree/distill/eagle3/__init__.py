@@ -1,16 +1,16 @@
 """Train a head directly in the EAGLE-3 layout (``opttree distill --kind eagle3``): the head is the
-runtime's :class:`~opttree.drafters.head.eagle.EagleHead`, its folder what
+runtime's :class:`~opttree.loading.eagle.eagle3.Eagle3Head`, its folder what
 :func:`opttree.export_draft` writes, so :func:`opttree.load_draft` reads it and its export is a copy.
 
 - :mod:`.vocab`: the draft vocabulary (the most frequent target tokens of the data), ``d2t`` and ``t2d``;
   imports torch only.
 - :mod:`.head`: a new head's config and start from the target; imports :mod:`opttree.drafters.head.eagle`,
-  :mod:`opttree.hf.width`, :mod:`opttree.loading.head_file` and :mod:`.vocab`.
+  :mod:`opttree.hf.width`, :mod:`opttree.loading.eagle`, :mod:`opttree.loading.head_file` and :mod:`.vocab`.
 - :mod:`.unroll`: the pairing (taps at t, token t + 1), the training-time test fed as the drafter feeds
   it, and EAGLE-3's loss; imports :mod:`opttree.distill.train.head_data`, :mod:`opttree.distill.train.head_loss`,
   :mod:`opttree.distill.train.shared`.
 - :mod:`.train`: the training loop (a new head or an EAGLE-3 folder's, resumable from a checkpoint),
-  its precision probe and the folder; imports :mod:`opttree.loading.eagle_export`,
+  its precision probe and the folder; imports :mod:`opttree.loading.eagle`, :mod:`opttree.loading.eagle_export`,
   :mod:`opttree.loading.eagle_folder`, :mod:`opttree.drafters.head.eagle`, :mod:`opttree.hf.width`,
   :mod:`opttree.distill.train.checkpoint`,
   :mod:`opttree.distill.train.head_data`, :mod:`opttree.distill.train.head_loss`,

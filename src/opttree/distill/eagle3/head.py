@@ -1,5 +1,5 @@
 """A new EAGLE-3 head for a target (:func:`new_eagle3_head`): the runtime's
-:class:`~opttree.drafters.head.eagle.EagleHead` itself, so what training makes IS the published
+:class:`~opttree.loading.eagle.eagle3.Eagle3Head` itself, so what training makes IS the published
 layout and its folder is :func:`opttree.export_draft`'s (a rename at most).
 
 Shapes (DESIGN.md, "EAGLE heads"): h = H (the head reads the target's embedding, which is frozen
@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import torch
 
-from ...drafters.head.eagle import EAGLE3, EagleConfig, EagleHead, default_taps
+from ...drafters.head.eagle import EagleConfig, default_taps
 from ...hf.width import text_config
+from ...loading.eagle import Eagle3Head
 from ...loading.head_file import output_rows
 from .vocab import d2t_of
 
@@ -33,7 +34,7 @@ def eagle3_config(target, draft_vocab_size: int) -> EagleConfig:
     tc = text_config(target.config)
     heads = tc.num_attention_heads
     return EagleConfig(
-        layout=EAGLE3, hidden_size=tc.hidden_size, num_heads=heads,
+        hidden_size=tc.hidden_size, num_heads=heads,
         num_kv_heads=getattr(tc, "num_key_value_heads", None) or heads,
         head_dim=getattr(tc, "head_dim", None) or tc.hidden_size // heads,
         intermediate_size=tc.intermediate_size, vocab_size=tc.vocab_size, draft_vocab_size=draft_vocab_size,
@@ -42,7 +43,7 @@ def eagle3_config(target, draft_vocab_size: int) -> EagleConfig:
         rope_theta=rope_base(tc), norm_before_residual=False)
 
 
-def new_eagle3_head(target, used: torch.Tensor, seed: int = 0) -> EagleHead:
+def new_eagle3_head(target, used: torch.Tensor, seed: int = 0) -> Eagle3Head:
     """An untrained EAGLE-3 head over the kept target ids ``used`` [Vd] ascending, float32, train mode,
     on the device of the target's embedding."""
     c = eagle3_config(target, len(used))
@@ -51,7 +52,7 @@ def new_eagle3_head(target, used: torch.Tensor, seed: int = 0) -> EagleHead:
         raise ValueError(f"the target has {c.target_layers} layers: EAGLE-3's default taps {list(taps)} are not three "
                          "distinct layers (it needs at least 6)")
     torch.manual_seed(seed)
-    head = EagleHead(c, target.get_input_embeddings(), None, d2t_of(used))
+    head = Eagle3Head(c, target.get_input_embeddings(), d2t_of(used))
     h = c.hidden_size
     with torch.no_grad():
         head.fc.weight.zero_()

@@ -28,8 +28,9 @@ from pathlib import Path
 
 import torch
 
-from ...drafters.head.eagle import EAGLE3, default_taps
+from ...drafters.head.eagle import default_taps
 from ...hf.width import text_config
+from ...loading.eagle import Eagle3Head
 from ...loading.eagle_export import write_eagle_folder
 from ..train.checkpoint import load_train_state, resume, rng_from_json, rng_to_json, save_train_state, snapshot
 from ..train.head_data import chunks, make_batch, token_batches
@@ -134,8 +135,8 @@ def start_head(target, train_records: list[dict], cfg: Eagle3TrainConfig, init: 
         raise ValueError(f"{init} holds no EAGLE head (an eagle3 run goes on training EAGLE-3 heads only): {fix}")
     head = load_eagle(init, target)
     taps = default_taps(text_config(target.config).num_hidden_layers)
-    if head.c.layout != EAGLE3:
-        raise ValueError(f"{init} holds an {head.c.layout} head: an eagle3 run goes on training EAGLE-3 heads only; {fix}")
+    if not isinstance(head, Eagle3Head):
+        raise ValueError(f"{init} holds an {head.kind} head: an eagle3 run goes on training EAGLE-3 heads only; {fix}")
     if tuple(head.c.taps) != taps:
         raise ValueError(f"{init} reads the target's layers {list(head.c.taps)}, the features hold the default taps "
                          f"{list(taps)}: set the stage's init to a head over those taps, or to \"\" for a new head")
@@ -243,7 +244,7 @@ def step_probe(target, cfg: Eagle3TrainConfig, tokens: int, bf16: bool):
 def save_eagle3(head, out: str | Path, dtype: str = "float16", training: dict | None = None) -> Path:
     """The head (cast to ``dtype``) written as export_draft's EAGLE-3 folder, and ``training.json``."""
     out = Path(out)
-    write_eagle_folder(head, out, layout="eagle3", dtype=dtype)
+    write_eagle_folder(head, out, layout=Eagle3Head.kind, dtype=dtype)
     if training is not None:
         (out / TRAINING_FILE).write_text(json.dumps(training, indent=1) + "\n")
     return out

@@ -1,36 +1,27 @@
-"""The published EAGLE heads as :class:`~.base.DraftHead`s: EAGLE-3 (its ``speculators`` form too) and
-EAGLE-1/2. Their folders are read by :mod:`opttree.loading.eagle_folder`.
+"""What the published EAGLE heads share as :class:`~.base.DraftHead`s: :class:`EagleConfig` (their
+shapes) and :class:`EagleHead` (the forward every layout runs). Each published layout is one class
+of its own, beside its folder format, in :mod:`opttree.loading.eagle` (``Eagle3Head``,
+``SpeculatorsHead``, ``Eagle1Head``), looked up by config.json's ``architectures``.
 
 Notation: h the head's hidden size, H the target's, V the target's vocabulary, Vd the draft's.
 Entry e pairs the embedding of token e + 1 with the feature of position e and sits at rotary
-position e (``first_entry = 1``: no entry for the first token). Rules and sources, DESIGN.md
-"EAGLE heads":
-
-- EAGLE-3: the target's feature of a position is ``fc(cat(hs[a], hs[b], hs[c]))`` [h] from its
-  ``output_hidden_states`` ``taps`` (the states entering layers a, b, c, before the final norm);
-  the layer (:class:`~.eagle_layers.Eagle3Layer`) returns the pre-norm ``h2``, which is what a tree
-  node passes to its children (no fc there); logits = ``lm_head(norm(h2))`` over Vd columns, column
-  j being target token ``j + d2t[j]``. The embedding is the target's, or the folder's own.
-- EAGLE-1/2: the feature is the target's last hidden state after its final norm; the entry is
-  ``fc(cat(embedding, feature))`` (with a bias unless the config says ``"bias": false``), then the
-  layers (the first without an input norm), no final norm; logits = the target's ``lm_head`` of
-  the output over the whole vocabulary, and the output is fed back.
+position e (``first_entry = 1``: no entry for the first token). A layout says what the entry is
+(:meth:`EagleHead.entry`), which layers run (:meth:`EagleHead.decoder_layers`), what the target's
+feature is (:meth:`EagleHead.target_features`), what the logits read (:meth:`EagleHead.logit_input`)
+and over which rows (:meth:`EagleHead.output_rows`). Rules and sources: DESIGN.md, "EAGLE heads".
 """
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from dataclasses import asdict, dataclass
 
 import torch
 from torch import nn
 
 from ...hf.width import text_config
-from .layer import KV, HeadLayer, RMSNorm
+from .layer import KV, HeadLayer
 from .base import DraftHead
-from .eagle_layers import BareInputLayer, Eagle3Layer, rope_of
-
-EAGLE3 = "eagle3"
-EAGLE1 = "eagle1"
 
 
 def default_taps(layers: int) -> tuple[int, int, int]:
@@ -43,7 +34,6 @@ def default_taps(layers: int) -> tuple[int, int, int]:
 
 @dataclass(frozen=True)
 class EagleConfig:
-    layout: str  # EAGLE3 or EAGLE1
     hidden_size: int  # h
     num_heads: int
     num_kv_heads: int
@@ -71,8 +61,6 @@ class EagleConfig:
     def __post_init__(self):
         object.__setattr__(self, "taps", tuple(int(i) for i in self.taps))
         object.__setattr__(self, "rope_frequencies", tuple(float(f) for f in self.rope_frequencies))
-        if self.layout not in (EAGLE3, EAGLE1):
-            raise ValueError(f"layout must be {EAGLE3!r} or {EAGLE1!r}: {self.layout!r}")
 
     @property
     def feature_width(self) -> int:
@@ -84,50 +72,41 @@ class EagleConfig:
 
 
 class EagleHead(DraftHead):
-    """An EAGLE-3 or EAGLE-1/2 head (``c.layout``), parameter names as the published folders'
-    (``midlayer.*`` for EAGLE-3, ``layers.N.*`` for EAGLE-1/2). ``embed``: the target's input
-    embedding (unless ``c.own_embedding``); ``out_weight`` [V, h]: EAGLE-1's output rows, the
-    target's ``lm_head`` (None for EAGLE-3); ``d2t`` [Vd] long: target id = draft id + d2t."""
+    """A published EAGLE head: the forward all layouts share, parameter names as the published
+    folders'. ``embed``: the target's input embedding (unless ``c.own_embedding``: then the head's
+    own ``embed_tokens``). A layout's subclass registers its modules after this ``__init__`` and
+    then its output columns (:meth:`set_columns`)."""
 
     first_entry = 1
 
-    def __init__(self, c: EagleConfig, embed: nn.Module | None, out_weight: torch.Tensor | None,
-                 d2t: torch.Tensor | None = None):
+    def __init__(self, c: EagleConfig, embed: nn.Module | None):
         super().__init__()
         self.c = c
-        h = c.hidden_size
         self.embed = [] if c.own_embedding else [embed]  # a list: the target's, never saved nor moved
         if c.own_embedding:
-            self.embed_tokens = nn.Embedding(c.vocab_size, h)
-        if c.layout == EAGLE3:
-            self.fc = nn.Linear(c.feature_width, h, bias=False)
-            self.midlayer = Eagle3Layer(c)
-            self.norm = RMSNorm(h, c.rms_eps)
-            self.lm_head = nn.Linear(h, c.draft_vocab_size, bias=False)
-            self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.long) if d2t is None else d2t.long())
-            token_ids = torch.arange(c.draft_vocab_size) + self.d2t  # [Vd] target ids
-        else:
-            self.fc = nn.Linear(2 * h, h, bias=c.fc_bias)
-            self.layers = nn.ModuleList([BareInputLayer(c)] + [HeadLayer(c, qkv_bias=c.qkv_bias, **rope_of(c))
-                                                                for _ in range(c.num_layers - 1)])
-            self.register_buffer("out_weight", out_weight.detach().float(), persistent=False)  # [V, h]
-            token_ids = torch.arange(c.vocab_size)
+            self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
+
+    def set_columns(self, token_ids: torch.Tensor) -> None:
+        """The target id of each output column [K], and the columns' (zero) bias [K]."""
         self.register_buffer("token_ids", token_ids, persistent=False)  # [K]
         self.register_buffer("out_bias", torch.zeros(len(token_ids)), persistent=False)  # [K]
 
     def embedding(self) -> nn.Module:
         return self.embed_tokens if self.c.own_embedding else self.embed[0]
 
-    def decoder_layers(self) -> list[HeadLayer]:
-        return [self.midlayer] if self.c.layout == EAGLE3 else list(self.layers)
-
-    def entry(self, features: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        """features [..., h] (fed), tokens [...] -> the first layer's input: EAGLE-3 cat(embedding,
-        feature) [..., 2h]; EAGLE-1 fc of it [..., h]."""
+    def embedded(self, features: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """features [..., h] (fed), tokens [...] -> cat(embedding, feature) [..., 2h]."""
         embed, dtype = self.embedding(), self.dtype
         embedded = embed(tokens.to(embed.weight.device)).to(self.device, dtype)
-        x = torch.cat([embedded, features.to(self.device, dtype)], dim=-1)
-        return x if self.c.layout == EAGLE3 else self.fc(x)
+        return torch.cat([embedded, features.to(self.device, dtype)], dim=-1)
+
+    @abstractmethod
+    def decoder_layers(self) -> list[HeadLayer]:
+        """The layers an entry runs through, in order."""
+
+    @abstractmethod
+    def entry(self, features: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """features [..., h] (fed), tokens [...] -> the first layer's input."""
 
     def forward(self, features, tokens, positions, past, mask, slots=None):
         x, news, kv_heads = self.entry(features, tokens), [], self.c.num_kv_heads
@@ -135,19 +114,6 @@ class EagleHead(DraftHead):
             x, new = layer(x, positions, None if past is None else past.layer(i, kv_heads), mask, slots)
             news.append(new)
         return x, KV.stack(news)
-
-    def target_features(self, hidden_states) -> torch.Tensor:
-        """EAGLE-3: fc of the taps concatenated low to high [b, T, h]; EAGLE-1: the last (normed) state."""
-        if self.c.layout == EAGLE1:
-            return hidden_states[-1]
-        states = torch.cat([hidden_states[i] for i in self.c.taps], dim=-1)  # [b, T, 3H]
-        return self.fc(states.to(self.device, self.dtype))
-
-    def logit_input(self, fed: torch.Tensor) -> torch.Tensor:
-        return self.norm(fed) if self.c.layout == EAGLE3 else fed
-
-    def output_rows(self) -> torch.Tensor:
-        return self.lm_head.weight if self.c.layout == EAGLE3 else self.out_weight
 
     def shared_with_target(self) -> list:
         return list(self.embed)
@@ -168,4 +134,4 @@ class EagleHead(DraftHead):
                 f"{found[2]}; load it with opttree.load_draft(path, target) for the target it drafts for")
 
 
-__all__ = ["EAGLE1", "EAGLE3", "EagleConfig", "EagleHead", "default_taps"]
+__all__ = ["EagleConfig", "EagleHead", "default_taps"]
