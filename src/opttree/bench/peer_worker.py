@@ -25,7 +25,8 @@ import sys
 import time
 
 PREFIX = "vllm:spec_decode_"
-DRAFTS, DRAFT_TOKENS, PER_POS = PREFIX + "num_drafts", PREFIX + "num_draft_tokens", PREFIX + "num_accepted_tokens_per_pos"
+DRAFTS, DRAFT_TOKENS = PREFIX + "num_drafts", PREFIX + "num_draft_tokens"
+PER_POS = PREFIX + "num_accepted_tokens_per_pos"
 
 
 def reply_channel():

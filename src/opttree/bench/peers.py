@@ -104,7 +104,8 @@ def engine_target(spec: str) -> str | None:
     base, size = split_size(spec)
     if size is not None:
         raise ValueError(f"--target {spec}: the vllm methods need the target as a plain HF folder, and the stand-in "
-                         f"':{size}' is made inside this process only; write it as a folder and give that folder")
+                         f"':{size}' is made inside this process only; write it with `python -m opttree.bench.standin "
+                         f"--size {size} --out FOLDER` and give that folder")
     if spec == "smollm2":
         return None
     path = Path(spec)
