@@ -82,7 +82,9 @@ def engine_env(venv: Path, threads: int) -> dict[str, str]:
 
 def head_problem(path: Path) -> str | None:
     """Why vLLM cannot serve the folder as an EAGLE-3 head (words after its name), or None."""
-    from ..loading.eagle_folder import EAGLE1, EAGLE3, SPECULATORS, folder_layout, read_config, weight_names
+    from ..loading.eagle import head_class
+    from ..loading.eagle.eagle3 import Eagle3Head
+    from ..loading.eagle_folder import read_config, weight_names
 
     if (path / META_FILE).is_file():
         return ("is an opttree draft folder, which has no EAGLE-3 form vLLM serves; give an EAGLE-3 head "
@@ -90,12 +92,12 @@ def head_problem(path: Path) -> str | None:
     if not (path / "config.json").is_file():
         return f"is no EAGLE-3 head's folder ({path / 'config.json'} is missing)"
     try:
-        layout = folder_layout(read_config(path), path, weight_names(path))
+        cls = head_class(read_config(path), path, lambda: weight_names(path))
     except (OSError, ValueError) as error:
         return f"is no EAGLE-3 head vLLM serves: {error}"
-    if layout == EAGLE1:
+    if cls.kind == "eagle1":
         return "is an EAGLE-1/2 head, which vLLM serves as method 'eagle', not 'eagle3'; give an EAGLE-3 head"
-    return None if layout in (EAGLE3, SPECULATORS) else f"has layout {layout!r}, which vLLM does not serve as eagle3"
+    return None if issubclass(cls, Eagle3Head) else f"has layout {cls.kind!r}, which vLLM does not serve as eagle3"
 
 
 def engine_target(spec: str) -> str | None:
