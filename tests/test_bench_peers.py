@@ -23,18 +23,11 @@ from opttree.bench import cli, models as bench_models, peers, runner
 from opttree.bench.methods import make_methods
 from opttree.smollm2 import GGUF_FILE
 from test_bench import PNG, QUESTIONS, CharTokenizer, tied_target, write_questions
+from test_bench import one_thread  # noqa: F401 - an autouse fixture: this file runs on one thread too
 from test_bench_arguments import Loaded, error_line, no_loading  # noqa: F401 - no_loading: a fixture
 
 ROOT = Path(__file__).resolve().parents[1]
 FAKE_VLLM = ROOT / "tests" / "fake_vllm"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def fake_venv(folder: Path, also: tuple[str, ...] = ()) -> Path:
