@@ -68,7 +68,7 @@ def test_unrolled_passes_equal_tree_drafting(num_layers, layers):
     drafter = head.for_target(target)
     drafter.add_features(fed)
     drafter.root_probs(text[: root + 1])
-    assert drafter.kv.keys.shape[1] == num_layers * head.c.num_kv_heads and len(drafter.kv) == root + 1
+    assert drafter.buffers.keys.shape[1] == num_layers * head.c.num_kv_heads and drafter.cached == root + 1
     chain = DraftTree(text[root + 1: root + 3], torch.tensor([-1, 0]), torch.ones(2))
     drafter.expand(chain, torch.tensor([0]))
     drafter.expand(chain, torch.tensor([1]))

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from ..drafters.head.eagle import EAGLE3, EagleHead
+from ..loading.eagle.eagle3 import Eagle3Head
 from ..hf.width import CARRIED_WIDTH, text_config
 from ..loading.eagle_export import export_draft
 from ..loading.eagle_folder import CONFIG_FILE, read_config
@@ -87,15 +87,15 @@ def check_inflation(source_target, inflated_target) -> None:
                          "pass the stand-in of the head's own target")
 
 
-def _source_head(head, source_target) -> EagleHead:
+def _source_head(head, source_target) -> Eagle3Head:
     """``head``: a loaded EAGLE-3 head (checked to fit ``source_target``) or its folder (loaded for it)."""
     if isinstance(head, (str, Path)):
         from ..loading.eagle_folder import load_eagle
 
         head = load_eagle(head, source_target)
-    if not isinstance(head, EagleHead) or head.c.layout != EAGLE3:
-        raise ValueError(f"inflate_eagle3_head takes an EAGLE-3 head (a folder, or opttree.load_draft's EagleHead); "
-                         f"this is a {getattr(getattr(head, 'c', None), 'layout', type(head).__name__)!r}")
+    if not isinstance(head, Eagle3Head):  # a speculators head is one too (EAGLE-3 compute, another folder)
+        raise ValueError(f"inflate_eagle3_head takes an EAGLE-3 head (a folder, or opttree.load_draft's Eagle3Head); "
+                         f"this is a {type(head).__name__}")
     head.check_fits(source_target)
     return head
 
@@ -108,7 +108,7 @@ def _widened_fc(fc: torch.Tensor, taps: int, width: int, wide: int) -> torch.Ten
 
 
 @torch.no_grad()
-def inflate_eagle3_head(head, source_target, inflated_target) -> EagleHead:
+def inflate_eagle3_head(head, source_target, inflated_target) -> Eagle3Head:
     """``head`` (an EAGLE-3 head for ``source_target``: loaded, or its folder) as a head for
     ``inflated_target`` (``inflate(source_target, size)``) that drafts the same q (module doc), in the
     head's dtype on its device. ``head`` is left as it is."""
@@ -118,7 +118,7 @@ def inflate_eagle3_head(head, source_target, inflated_target) -> EagleHead:
     taps = tap_places(c.taps, c.target_layers, layers)  # first: a tap the target lacks is named as such
     check_inflation(source_target, inflated_target)
     new_c = replace(c, target_hidden_size=wide.hidden_size, target_layers=layers, taps=taps, own_embedding=True)
-    big = EagleHead(new_c, None, None, head.d2t.clone())
+    big = Eagle3Head(new_c, None, head.d2t.clone())
     state = dict(head.state_dict())
     state["fc.weight"] = _widened_fc(state["fc.weight"], len(c.taps), c.target_hidden_size, wide.hidden_size)
     state["embed_tokens.weight"] = head.embedding().weight.detach().to(head.fc.weight)  # [V, h]
