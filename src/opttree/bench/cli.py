@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from ..drafters.make import is_draft_model
+from ..loading.export_cli import Parser  # errors in one line, as `opttree export` gives them
 from ..tree.registry import strategy_names, verifier_names
 from .methods import KNOWN_METHODS, METHODS, PEER_METHODS, check_methods, check_trees, parse_tree_spec
 from .peers import DEFAULT_KS, PeerError, check_head_on, peer_methods, plan_peers, with_engines
@@ -70,13 +71,6 @@ def _ks(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"give chain lengths from 1 to 16, comma-separated, each once, e.g. 1,2,3, "
                                          f"not {text!r}")
     return tuple(int(p) for p in parts)
-
-
-class Parser(argparse.ArgumentParser):
-    """Errors in one line, naming the fix (argparse's own print the whole usage first)."""
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {' '.join(str(message).split())}\n")
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
