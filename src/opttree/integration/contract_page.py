@@ -63,7 +63,9 @@ NOTES = """\
   `stopping_criteria=StoppingCriteriaList([StopStringCriteria(tokenizer=tok, stop_strings=[...])])`.
   generate() hands a callable neither the streamer nor `assistant_model=` nor `synced_gpus=`: opttree
   reads them from generate()'s frame (`opttree.hf.generate_call`, its one such seam), so the streamer
-  streams and the other two are refused, as on every way in.
+  streams and the other two are refused, as on every way in. generate() builds its cache before it calls
+  opttree: where torch cannot give transformers a stream (torch 2.14's CUDA wheels on a CPU), an offloaded
+  `cache_implementation=` raises transformers' own error on this way, as it does without a draft.
 - **Streaming.** A `streamer` gets the prompt, every token as it is accepted, then `end()`, on every
   way in; one prompt per call, as generate()."""
 
