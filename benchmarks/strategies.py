@@ -180,8 +180,9 @@ def main(argv=None) -> int:
 
     # auto's calibration (once; every call then shares it in memory) and a warm-up, outside the timings
     if any("auto" in name for name in methods):
-        calibration.calibrate(target, make_drafter(draft, target), lambda: make_drafter(draft, target),
-                              mode=args.calibration)
+        drafter = make_drafter(draft, target)
+        calibration.calibrate(target, drafter, lambda: make_drafter(draft, target), mode=args.calibration,
+                              kernels=[target, *drafter.modules()])  # as an eager decode runs (integration/prepare.py)
     with torch.inference_mode():
         target.generate(prompts[0], max_new_tokens=4, do_sample=False)
         for tree in methods.values():

@@ -83,7 +83,7 @@ class CharTokenizer(tf.PreTrainedTokenizer):
 
 
 def test_text_generation_pipeline_with_draft_model(monkeypatch):
-    import opttree.integration.entry as integration
+    import opttree.integration.decoding as integration
 
     calls = []
     real = integration.speculative_decode

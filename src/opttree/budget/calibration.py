@@ -116,13 +116,14 @@ def calibration_key(target, drafter, prefix: int | None = None, forward=None) ->
 
 def calibrate(target, drafter=None, new_drafter: Callable[[], object] | None = None, *,
               folder: Path | None = None, mode: str | None = None, prefix: int | None = None,
-              forward=None) -> LatencyModel:
+              forward=None, kernels=()) -> LatencyModel:
     """The LatencyModel of this (target, drafter) pair on this machine: from this process's
     memory, else from the on-disk cache, else measured (and written). ``drafter`` names the pair
     (its fingerprint), ``new_drafter()`` makes a scratch drafter to time; ``forward`` is the
-    verification forward decoding runs (compiled or eager: timed as it runs). ``folder`` / ``mode``
-    default to :func:`~.calibration_file.cache_dir` / :func:`~.calibration_file.cache_mode`, ``prefix``
-    to :func:`calibration_prefix`. Every generate() call of the process shares (and refreshes) the
+    verification forward decoding runs (compiled or eager: timed as it runs), ``kernels`` the modules whose
+    few-row linears decoding runs through opttree's CPU kernels (timed so: :func:`~.timing.measure`).
+    ``folder`` / ``mode`` default to :func:`~.calibration_file.cache_dir` / :func:`~.calibration_file.cache_mode`,
+    ``prefix`` to :func:`calibration_prefix`. Every generate() call of the process shares (and refreshes) the
     returned object; calls from several threads measure one at a time, and a pair is measured once
     (``mode="refresh"``: once per call)."""
     mode = mode or cache_mode()
@@ -140,8 +141,6 @@ def calibrate(target, drafter=None, new_drafter: Callable[[], object] | None = N
         known = None if mode == "refresh" else _remembered(digest)  # measured while this call waited
         if known is not None:
             return known
-        compiled = forward_kind(forward) == "compiled"  # a compiled target's linears are the compiler's
-        kernels = [m for m in (target, *drafter.modules()) if not (compiled and m is target)]  # as decoding's
         latency = stored(key, folder, mode, lambda: measure(target, new_drafter, prefix, forward,
                                                             hidden=drafter.wants_hidden_states, kernels=kernels))
         latency.calibrated = as_calibrated(latency)  # as measured or read: sampled calls plan from it
@@ -168,7 +167,7 @@ def prefix_within(context: int | None) -> int | None:
 
 
 def policy_maker(config: TreeConfig, target, drafter=None, new_drafter: Callable[[], object] | None = None,
-                 forward=None, *, sampling: bool = False) -> Callable[[], BudgetPolicy]:
+                 forward=None, *, sampling: bool = False, kernels=()) -> Callable[[], BudgetPolicy]:
     """Makes the step policy of each batch row for ``config``: :class:`FixedPolicy`, or for
     ``nodes``/``threshold="auto"`` an :class:`AutoPolicy` on the latency model of ``target`` and
     the drafter (see :func:`calibrate`: measured once, through ``forward``,
@@ -178,7 +177,7 @@ def policy_maker(config: TreeConfig, target, drafter=None, new_drafter: Callable
     (:func:`~opttree.budget.policy.as_calibrated`) and plan untimed."""
     if config.nodes != "auto" and config.threshold != "auto":
         return lambda: FixedPolicy(config)
-    latency = calibrate(target, drafter, new_drafter, forward=forward)
+    latency = calibrate(target, drafter, new_drafter, forward=forward, kernels=kernels)
     if sampling:
         own = as_calibrated(latency)
         return lambda: AutoPolicy(config, own, timed=False)

@@ -6,7 +6,7 @@
 * :mod:`.precheck`: the one pre-check sequence every way in runs on the call's arguments before generate()
   prepares anything; it returns the call's ``Options``.
 * :mod:`.prepare`: one call made ready to decode: every check before any forward, then the
-  calibration and the cache opened; one value, ``DecodeCall``, that ``entry.decode`` runs;
+  calibration and the cache opened; one value, ``DecodeCall``, that :mod:`.decoding` runs;
   :mod:`.target_cache`: the target's cache for the call (generate()'s, or a static one so that the
   verification compiles) and the slots the call needs.
 * :mod:`.defaults`: what generate() does with the tree arguments left out (``"auto"`` where it can).

@@ -60,7 +60,7 @@ def auto_applies(arguments: TreeArguments, *, can_calibrate: bool) -> bool:
     """Whether left-out ``nodes``/``threshold`` become "auto" (see the module docstring)."""
     fixed = arguments.fixed
     return (wants_default_size(arguments.given) and can_calibrate
-            and registry.strategy(fixed.strategy).follows_plan and registry.verifier(fixed.verifier).sized_by_auto)
+            and fixed.strategy_record.follows_plan and fixed.verifier_record.sized_by_auto)
 
 
 def resolve(arguments: TreeArguments, *, can_calibrate: bool = True) -> TreeConfig:

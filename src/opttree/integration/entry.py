@@ -1,57 +1,21 @@
 """Three ways into generate(): a callable for ``custom_generate=``, a GenerationMixin override
 that accepts ``draft_model=`` (get it with :func:`speculative`), and :class:`SpeculativeGenerator`.
 All three run generate()'s own preparation (generation config, logits processors and warpers,
-stopping criteria with EOS and max length) and then :func:`opttree.loop.generation.speculative_decode`.
+stopping criteria with EOS and max length), then :func:`.prepare.prepare` and :func:`.decoding.decode`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
-from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from ..drafters.make import check_pair, is_draft_model
-from ..hf import kv_cache
-from ..hf.compat import output_cache
 from ..hf.generate_call import dropped_by_generate
-from ..kernels.linears import fast_linears
 from ..loading import prepare_draft
-from ..loop.generation import speculative_decode
 from ..loop.stats import GenerationStats
+from .decoding import SpeculativeDecoderOnlyOutput, decode
 from .defaults import TREE_ARGS, TreeArguments, resolve
 from .precheck import precheck
-from .prepare import DecodeCall, GenerateCall, Options, prepare
-
-
-@dataclass
-class SpeculativeDecoderOnlyOutput(GenerateDecoderOnlyOutput):
-    """generate()'s usual output (``return_dict_in_generate=True``) plus opttree's ``stats``."""
-
-    stats: GenerationStats | None = None
-
-
-def decode(call: DecodeCall):
-    """Run a prepared call: the loop, then the target's cache closed back as plain leaves it (also when
-    the loop fails), then generate()'s output."""
-    settings, cache = call.settings, call.cache
-    if call.stream_prompt:
-        settings.streamer.put(call.input_ids.cpu())
-    result = None
-    try:
-        with torch.inference_mode(), fast_linears(*call.kernels, on=bool(call.kernels)):
-            result = speculative_decode(call.model, call.drafters, call.input_ids, cache.cache, settings,
-                                        attention_mask=call.attention_mask, model_inputs=call.model_inputs)
-    finally:
-        one = result is not None and result.sequences.shape[0] == 1
-        # one row: plain's cache holds the sequence but its last token; a batch's (and a failed call's) as it is
-        cache.close(result.sequences.shape[1] - 1 if one else kv_cache.cache_length(cache.cache), writable=True)
-    if call.return_dict:  # a batch's cache has lost its finished rows: not returned
-        return SpeculativeDecoderOnlyOutput(
-            sequences=result.sequences, scores=result.scores, logits=result.logits,
-            stats=result.stats, **output_cache(cache.cache if call.input_ids.shape[0] == 1 else None),
-        )
-    return result.sequences
+from .prepare import GenerateCall, Options, prepare
 
 
 def speculative_generate(

@@ -105,16 +105,17 @@ def prepare(model, call: GenerateCall, options: Options) -> DecodeCall:
     drafters = drafter.rows(rows)
     for each in [cache, *drafters.caches()]:
         check_cache(each, need)
+    # few-row CPU linears' kernels (kernels.linears); a compiled target's linears are the compiler's, and a compiled
+    # drafter has none (Drafter.modules)
+    kernels = [m for m in [model, *drafter.modules()] if not (verify.compiles and m is model)]
     # nodes/threshold="auto": measure this machine (a scratch drafter of the same kind is timed): the only
-    # forwards before decoding, after every check
-    policy = calibration.policy_maker(config, model, drafter, drafter.fresh, forward=verify,  # timed as it runs
-                                      sampling=sampling)
+    # forwards before decoding, after every check; timed as decoding runs (its forward, its kernels)
+    policy = calibration.policy_maker(config, model, drafter, drafter.fresh, forward=verify, sampling=sampling,
+                                      kernels=kernels)
     opened = open_cache(cache, need)
     settings = DecodeSettings.of(config, config_in, call.logits_processor, call.stopping_criteria,
                                  max_length=max_length, context_length=max_context, streamer=options.streamer,
                                  generator=options.generator, new_policy=policy, verify_forward=verify)
-    # few-row CPU linears' kernels (kernels.linears); a compiled target's linears are the compiler's
-    kernels = [m for m in [model, *drafter.modules()] if not (verify.compiles and m is model)]
     return DecodeCall(model, drafters, input_ids, attention_mask, opened, settings, ModelInputs.of(kwargs), kernels,
                       return_dict=bool(config_in.return_dict_in_generate),
                       stream_prompt=options.streamer is not None and not options.prompt_streamed)

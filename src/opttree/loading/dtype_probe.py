@@ -155,7 +155,7 @@ def probe_dtypes(model: torch.nn.Module, repeats: int = REPEATS) -> DtypeTimes:
     dtype differs: ``model`` is left as it is). A bfloat16 copy that fails to run is no candidate."""
     models = {name: model if model_dtype(model) == dtype else cast_copy(model, dtype).eval()
               for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16))}
-    with torch.inference_mode(), linears.fast_linears(*models.values()):  # as decoding runs (integration/entry.py)
+    with torch.inference_mode(), linears.fast_linears(*models.values()):  # as decoding runs (integration/decoding.py)
         runs = {"float32": ProbeRun(models["float32"])}
         try:
             runs["bfloat16"] = ProbeRun(models["bfloat16"])

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from .registry import strategy as strategy_named, verifier as verifier_named  # one record each: registry.py
+from .registry import Strategy, Verifier, strategy as strategy_named, verifier as verifier_named  # registry.py
 
 # The largest node budget. A step's memory is quadratic in it: the builder's pool keeps a [P, P]
 # bool ancestor mask over up to max_depth × nodes drafted nodes (about 100 MB at 1024 nodes and the
@@ -47,6 +47,9 @@ class TreeConfig:
     strategy: str = "opt"
     verifier: str = "match"
     static_tree: tuple | None = None
+    # the records of ``strategy`` and ``verifier`` (registry.py), looked up once here: what grows and verifies reads them
+    strategy_record: Strategy = field(init=False, repr=False, compare=False)
+    verifier_record: Verifier = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         if self.nodes != "auto" and (isinstance(self.nodes, bool) or not isinstance(self.nodes, int) or self.nodes < 1):
@@ -69,5 +72,6 @@ class TreeConfig:
             )
         if isinstance(self.max_depth, bool) or not isinstance(self.max_depth, int) or self.max_depth < 1:
             raise ValueError(f"max_depth must be an integer >= 1, got {self.max_depth!r}")
-        strategy_named(self.strategy)  # an unknown name is refused, naming the known ones
-        verifier_named(self.verifier)
+        # an unknown name is refused, naming the known ones
+        object.__setattr__(self, "strategy_record", strategy_named(self.strategy))
+        object.__setattr__(self, "verifier_record", verifier_named(self.verifier))

@@ -44,7 +44,7 @@ from .builder import (BuiltTree, Grow, Growth, best_nodes, callable_form, from_p
 from .config import TreeConfig
 from .draft_tree import DraftTree
 from .plan import LayerState, StepPlan
-from .registry import Strategy, register_strategies, strategy
+from .registry import Strategy, register_strategies
 from .sampled import grow_sampled_tree
 from .static_trees import DEFAULT_STATIC_TREE, check_paths
 
@@ -309,7 +309,7 @@ def grow_tree(root_probs: torch.Tensor, config: TreeConfig, max_depth: int | Non
                              ".plan())")
         plan = StepPlan(nodes=config.nodes, threshold=config.threshold)
     step_config = replace(config, nodes=plan.nodes, threshold=plan.threshold)
-    record = strategy(config.strategy)
+    record = config.strategy_record
     extra = {"generator": generator} if record.draws else {}
     built = yield from record.grow(root_probs, step_config, max_depth, width=plan.width, grow=plan.grow, **extra)
     if plan.size is not None and record.follows_plan:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from ..tree.draft_tree import DraftTree
-from ..tree.registry import Verifier, register_verifiers, verifier
+from ..tree.registry import Verifier, register_verifiers
 from .acceptance import Acceptance, Choose
 from .sampling import rrs_walk, traversal_walk
 
@@ -90,7 +90,7 @@ def verify(built, tree: DraftTree, logits: torch.Tensor, choose: Choose, config,
 
     Greedy decoding (``process`` None) always takes the argmax walk: every verifier's output then
     is the target's own greedy output. ``"rrs"`` and ``"traversal"``: sampling.py (their records' walks)."""
-    walk = verifier(config.verifier).sampling_walk
+    walk = config.verifier_record.sampling_walk
     if walk is None or process is None:
         return walk_tree(tree, logits, choose)
     return walk(built, tree, logits, process, generator)
