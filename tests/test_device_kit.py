@@ -388,13 +388,14 @@ def test_the_bench_job_runs_end_to_end_on_the_cpu(tmp_path):
     graphs traced), 2 prompts of 4 tokens. Its files come back, its summary has every method, and
     every output equals plain."""
     from opttree.hf.compat import assisted_takes_static_cache
-    from opttree.smollm2 import cache_dir, fetch_smollm2
+    from opttree.smollm2 import CONVERTED, cache_dir, converted_smollm2
 
-    fetch_smollm2()
+    converted_smollm2()  # the GGUF and its plain folder (tests/test_smollm2_cache.py), linked into the kit's cache
     device, out, bin_dir = tmp_path / "kit", tmp_path / "out", tmp_path / "bin"
     (device / "opttree-cache").mkdir(parents=True), bin_dir.mkdir()
     (device / "assembled.json").write_text("{}")
-    (device / "opttree-cache" / "smollm2").symlink_to(cache_dir() / "smollm2")
+    for name in ("smollm2", CONVERTED):
+        (device / "opttree-cache" / name).symlink_to(cache_dir() / name)
     (device / "spec_bench_questions.jsonl").write_text((ROOT / "tests" / "data" / "prompts.jsonl").read_text())
     (bin_dir / "python3").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')  # this venv's python
     (bin_dir / "python3").chmod(0o755)

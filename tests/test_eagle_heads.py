@@ -42,6 +42,18 @@ def depth2_q(drafter, best):
     return drafter.expand(pool, torch.tensor([0]))[0]
 
 
+def assert_drafts_the_reference(head, target, reference, seeds=(0, 1)) -> torch.Tensor:
+    """The head's q at depth 1 and 2 equal ``reference(ids)``'s ``(q1, q2, best)`` on each seed's prompt; -> the
+    last depth-1 q."""
+    for seed in seeds:
+        ids = prompt(seed)
+        q1_ref, q2_ref, best = reference(ids)
+        drafter, q1 = drafted_q(head, target, ids)
+        torch.testing.assert_close(q1, q1_ref, rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(depth2_q(drafter, best), q2_ref, rtol=1e-4, atol=1e-6)
+    return q1
+
+
 WRITERS = {
     "eagle3-midlayer": lambda f, t: write_eagle3(f, t),
     "eagle3-layers0": lambda f, t: write_eagle3(f, t, spelling="layers.0.", architecture="Eagle3LlamaForCausalLM"),
@@ -67,12 +79,7 @@ def test_depth_one_and_two_q_equal_the_reference_forward(name, tmp_path):
     folder = WRITERS[name](tmp_path / name, target)
     head = opttree.load_draft(folder, target)
     assert isinstance(head, EagleHead) and head.dtype == torch.float32  # no dtype: float32
-    for seed in range(2):
-        ids = prompt(seed)
-        q1_ref, q2_ref, best = reference_for(name, folder, target, ids)
-        drafter, q1 = drafted_q(head, target, ids)
-        torch.testing.assert_close(q1, q1_ref, rtol=1e-4, atol=1e-6)
-        torch.testing.assert_close(depth2_q(drafter, best), q2_ref, rtol=1e-4, atol=1e-6)
+    assert_drafts_the_reference(head, target, lambda ids: reference_for(name, folder, target, ids))
 
 
 @pytest.mark.parametrize("name, broken", [("eagle3-midlayer", "taps+1"), ("eagle3-midlayer", "swap"),

@@ -384,7 +384,8 @@ def test_a_folder_of_mixed_dtypes_exports_as_float32(tmp_path):
 def test_smollm2_save_refuses_a_full_folder_before_loading(tmp_path, capsys, monkeypatch):
     import opttree.smollm2
 
-    monkeypatch.setattr(opttree.smollm2, "load_smollm2", lambda *a, **k: (_ for _ in ()).throw(Loaded()))
+    for loader in ("converted_smollm2", "_from_gguf", "_from_folder"):  # every way save_smollm2 loads
+        monkeypatch.setattr(opttree.smollm2, loader, lambda *a, **k: (_ for _ in ()).throw(Loaded()))
     (tmp_path / "x").write_text("x")
     line = one_line(capsys, ["smollm2", "save", str(tmp_path)], "opttree smollm2")
     assert f"{tmp_path} is not empty (it holds x); choose a new or empty folder, or remove that one first" in line

@@ -247,12 +247,12 @@ def test_real_smollm2_s_stand_in_folder_reloads_with_its_tokenizer_and_writes_sm
     tokenizer, and its greedy output equals SmolLM2's on the project's prompts."""
     from test_real_model import own_prompts
     from threads import real_model_threads
-    from opttree.smollm2 import load_smollm2
+    from opttree.smollm2 import fetch_smollm2, load_smollm2
 
     threads = torch.get_num_threads()
     torch.set_num_threads(real_model_threads())
     try:
-        target, tokenizer = load_smollm2()
+        target, tokenizer = load_smollm2(fetch_smollm2())  # the GGUF folder given: read as given
         assert getattr(target.config, "quantization_config", None) is not None  # the GGUF's (control)
         folder = write_inflated(target, tokenizer, Shape(588, 1540, 12, 3, 31), tmp_path / "smollm2-standin")
         assert "quantization_config" not in json.loads((folder / "config.json").read_text())

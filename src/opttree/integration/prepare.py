@@ -1,7 +1,7 @@
 """One generate() call made ready to decode: everything opttree can check is checked, in one place,
 before any forward runs (the calibration of ``nodes="auto"`` is the only forward here, and it runs
 after every check), and the result is one value, :class:`DecodeCall`, that
-:func:`opttree.integration.entry.decode` runs.
+:func:`opttree.integration.decoding.decode` runs.
 
 Each way in (``speculative()``'s generate, :class:`~opttree.SpeculativeGenerator`,
 ``custom_generate=speculative_generate``) reaches :func:`prepare` from inside generate()'s
