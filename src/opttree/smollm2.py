@@ -109,7 +109,7 @@ def _from_folder(folder: Path, dtype):
 
 def converted_smollm2() -> Path:
     """SmolLM2-135M-Instruct as a plain Hugging Face folder under opttree's cache (``cache_dir()/smollm2-hf``):
-    written by :func:`save_smollm2` from the fetched GGUF on first use, and again whenever the GGUF's sha256
+    written as :func:`save_smollm2` writes one, from the fetched GGUF on first use, and again whenever the GGUF's sha256
     differs from the one it records (:data:`SOURCE_RECORD`). Processes converting at once each write their
     own folder whole; the first renamed into place is kept. -> the folder."""
     source = fetch_smollm2()
