@@ -128,13 +128,21 @@ def converted_smollm2() -> Path:
     return folder
 
 
+_digests: dict[tuple, str] = {}  # (path, size, mtime_ns) -> sha256: a file hashed once a process, not every load
+
+
 def source_record(gguf: Path) -> dict:
-    """What identifies a GGUF file: its name, size and sha256."""
-    digest = hashlib.sha256()
-    with open(gguf, "rb") as f:
-        while chunk := f.read(1 << 22):
-            digest.update(chunk)
-    return {"gguf": gguf.name, "bytes": gguf.stat().st_size, "sha256": digest.hexdigest()}
+    """What identifies a GGUF file: its name, size and sha256 (hashed again only where its path, size or
+    modification time changed since this process hashed it)."""
+    stat = gguf.stat()
+    key = (str(gguf.resolve()), stat.st_size, stat.st_mtime_ns)
+    if key not in _digests:
+        digest = hashlib.sha256()
+        with open(gguf, "rb") as f:
+            while chunk := f.read(1 << 22):
+                digest.update(chunk)
+        _digests[key] = digest.hexdigest()
+    return {"gguf": gguf.name, "bytes": stat.st_size, "sha256": _digests[key]}
 
 
 def recorded_source(folder: Path) -> dict | None:
