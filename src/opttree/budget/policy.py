@@ -27,6 +27,11 @@ per second of drafting falls below the current rate. *Width*: a layer never expa
 twice the recent verified tree size (:func:`layer_width`), so a step never pays for 64-wide layers
 it then prunes.
 
+*Whether to draft at all* (:mod:`opttree.budget.skip`): a drafted step paid when its speed, D included,
+beats the root alone's, 1 / (T(0) + overhead) (:func:`drafting_paid`); where recent drafting did not pay,
+steps skip drafting for a while. *Probes*: now and then a step verifies a smaller tree than chosen, so
+that decoding's clock prices the smaller sizes too (:meth:`~opttree.budget.latency.LatencyModel.probe`).
+
 T, c and the map are the pair's :class:`~opttree.budget.latency.LatencyModel`; each call's policies are
 made on it by :func:`opttree.budget.calibration.policy_maker`.
 """
@@ -76,6 +81,12 @@ def best_choice(path_probs: torch.Tensor, latency: LatencyModel, draft_seconds: 
     speed = expected_speed(path_probs, latency, draft_seconds, cap)
     m = int(torch.argmax(speed)) + 1  # first maximum: the smaller tree on ties
     return (m, float(speed[m - 1])) if float(speed[m - 1]) > alone else (0, alone)
+
+
+def drafting_paid(speed: float, latency: LatencyModel) -> bool:
+    """Whether a drafted step whose tree's expected speed is ``speed`` (its drafting time included:
+    :func:`best_choice`) beats an undrafted step, the root alone: 1 / (T(0) + overhead)."""
+    return speed > 1.0 / (latency.verify_time(0) + latency.overhead)
 
 
 def best_size(path_probs: torch.Tensor, latency: LatencyModel, draft_seconds: float, cap: int | None = None) -> int:
@@ -162,6 +173,7 @@ class AutoPolicy:
         self.threshold = 0.0 if self.auto_threshold else config.threshold  # with "auto", `grow` decides
         self._start = self.clock()
         self._priced = latency.root_seconds  # untimed: the model's drafting time of the step so far
+        self._paid = True  # whether this step's drafting paid (drafting_paid), for the pair's SkipRule
         # the recent tree size, shared by later calls with the same settings (not by other settings)
         self.setting = f"{config.strategy}/{config.nodes}/{config.threshold}/{config.max_depth}"
         self.mean_size = latency.mean_sizes.get(self.setting, START_SIZE)
@@ -177,12 +189,14 @@ class AutoPolicy:
     def plan(self) -> StepPlan:
         self._start = self.clock()
         self._priced = self.latency.root_seconds
+        self._paid = True  # no cut made (no tree): nothing says the drafting did not pay
         return StepPlan(
             nodes=self.max_nodes,
             threshold=self.threshold,
             width=layer_width(self.mean_size, self.max_nodes),
             grow=self._grow if self.auto_threshold else None,
             size=self._size if self.auto_nodes else None,
+            draft=self.latency.skip.draft_next() if self.auto_nodes and self.timed else True,
         )
 
     def _grow(self, state: LayerState) -> bool:
@@ -192,7 +206,12 @@ class AutoPolicy:
         return pays
 
     def _size(self, path_probs: torch.Tensor) -> int:
-        return best_size(path_probs, self.latency, self.spent(), self.max_nodes)
+        spent = self.spent()
+        size, speed = best_choice(path_probs, self.latency, spent, self.max_nodes)
+        if not self.timed:
+            return size
+        self._paid = drafting_paid(speed, self.latency)
+        return self.latency.probe(size)  # a timed policy's probes price smaller sizes on decoding's clock
 
     def observe(self, step) -> None:
         with self.latency.lock:
@@ -200,6 +219,8 @@ class AutoPolicy:
                 rest = self.spent() - step.draft_seconds - step.verify_seconds  # since plan(): the whole step
                 self.latency.overhead += REFRESH * (max(rest, 0.0) - self.latency.overhead)
                 self.latency.observe(step)
+                if self.auto_nodes:
+                    self.latency.skip.observe(step.root_seconds > 0 or step.draft_forwards > 0, self._paid)
             if step.tree is not None and step.accepted_nodes is not None and len(step.tree) > 0:
                 accepted = torch.zeros(len(step.tree), dtype=torch.bool)
                 accepted[step.accepted_nodes] = True
@@ -210,4 +231,5 @@ class AutoPolicy:
 
 
 __all__ = ["AutoPolicy", "MIN_WIDTH", "SIZE_REFRESH", "START_SIZE", "WIDTH_PER_NODE", "as_calibrated", "best_choice",
-           "best_size", "expected_speed", "largest_tree", "layer_pays", "layer_width", "next_layer_guess"]
+           "best_size", "drafting_paid", "expected_speed", "largest_tree", "layer_pays", "layer_width",
+           "next_layer_guess"]
