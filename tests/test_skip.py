@@ -1,66 +1,70 @@
-"""Steps that do not draft (budget/skip.py): the rule pinned by its decisions, "auto"'s judgement of
-whether a drafted step paid, and decoding with skipped steps lossless for every kind of drafter, each
-catching up right (drafters that are always right stay right after a skip: every drafted step accepts its
-whole chain)."""
+"""Steps that do not draft (budget/skip.py): the rule pinned by its decisions, "auto"'s worth of a drafted
+step, and decoding with skipped steps lossless for every kind of drafter, each catching up right (drafters
+that are always right stay right after a skip: every drafted step accepts its whole chain)."""
 
 import pytest
 import torch
 
 from models import peaked, tiny_model
 from opttree import TreeConfig, speculative_generate
-from opttree.budget import skip
 from opttree.budget.latency import LatencyModel, LatencyTable
-from opttree.budget.policy import AutoPolicy, drafting_paid
-from opttree.budget.skip import MAX_BACKOFF, UNPAID, SkipRule
+from opttree.budget.policy import AutoPolicy, drafting_worth
+from opttree.budget.skip import MAX_BACKOFF, SETTLE, SkipRule
 from opttree.integration import prepare as integration
 from opttree.tree.plan import StepPlan
 from opttree.tree.sizes import padded_size
 from test_feature_head import oracle_head, sharp_one_layer_target
 
 
-def run(rule: SkipRule, paid: str) -> str:
-    """The rule's decisions ("d" drafted, "." not) while drafted steps pay as ``paid`` says in turn (cycled)."""
+def run(rule: SkipRule, worths: list[float], steps: int = 120) -> str:
+    """The rule's decisions ("d" drafted, "." not) while drafted steps are worth ``worths`` in turn (cycled)."""
     out, k = [], 0
-    while len(out) < 80:
+    while len(out) < steps:
         drafts = rule.draft_next()
         out.append("d" if drafts else ".")
-        rule.observe(drafts, drafts and paid[k % len(paid)] == "y")
+        rule.observe(drafts, worths[k % len(worths)] if drafts else None)
         k += drafts
     return "".join(out)
 
 
-def test_drafting_that_pays_is_never_skipped():
-    assert run(SkipRule(), "y") == "d" * 80
-    assert "." not in run(SkipRule(), "yn")  # an unpaid step alone starts no undrafted run
+def test_drafting_worth_more_than_the_root_alone_on_average_is_never_skipped():
+    assert run(SkipRule(), [1.2]) == "d" * 120
+    assert run(SkipRule(), [0.8, 1.4]) == "d" * 120  # a hard step after each easy one: the mean decides
 
 
-def test_drafting_that_never_pays_is_tried_again_after_doubling_runs():
-    seen = run(SkipRule(), "n")
-    assert seen.startswith("d" * UNPAID)
-    runs = [len(r) for r in seen.split("d")[UNPAID:-1]]
+def test_drafting_worth_less_is_tried_again_after_doubling_runs():
+    seen = run(SkipRule(), [0.8])
+    assert seen.startswith("d" * SETTLE + ".")
+    runs = [len(r) for r in seen.split("d")[SETTLE:-1]]  # undrafted runs between drafted tries
     assert runs[:5] == [1, 2, 4, 8, 16] and set(runs[5:]) == {MAX_BACKOFF}
 
 
-def test_a_drafted_step_that_pays_again_ends_the_backoff():
+def test_a_retried_step_worth_drafting_starts_drafting_again():
     rule = SkipRule()
-    run(rule, "n")
+    run(rule, [0.8])
     assert rule.backoff == MAX_BACKOFF
-    seen = run(rule, "y")  # the text got easier: the next drafted step pays
-    assert seen.lstrip(".").startswith("d" * 40) and rule.backoff == 1 and rule.unpaid == 0
+    seen = run(rule, [1.3])  # the text got easier: the next drafted step is worth it
+    assert seen.lstrip(".").startswith("d" * 100) and rule.backoff == 1 and rule.worth >= 1.0
+
+
+def test_a_step_without_a_priced_tree_moves_nothing():
+    rule = SkipRule()
+    for _ in range(3 * SETTLE):
+        rule.observe(True, None)
+    assert rule == SkipRule()
 
 
 def latency_of(t0: float, t1: float, overhead: float = 0.0) -> LatencyModel:
     return LatencyModel(verify=LatencyTable((0, 1), (t0, t1)), overhead=overhead)
 
 
-def test_a_drafted_step_paid_where_its_speed_with_drafting_beats_the_root_alone():
+def test_a_drafted_steps_worth_is_its_speed_with_drafting_over_the_root_alones():
     latency = latency_of(0.050, 0.060, overhead=0.010)
-    assert drafting_paid(1.6 / (0.060 + 0.010 + 0.020), latency)  # 17.8 tokens/s against 16.7
-    assert not drafting_paid(1.2 / (0.060 + 0.010 + 0.020), latency)  # 13.3 against 16.7
+    assert drafting_worth(1.5 / 0.090, latency) == pytest.approx(1.5 * 0.060 / 0.090)
     policy = AutoPolicy(TreeConfig(nodes="auto"), latency, clock=lambda: 0.0)
     plan = policy.plan()
-    assert plan.size(torch.tensor([0.9])) == 1 and policy._paid  # (1 + 0.9) / 0.07 > 1 / 0.06
-    assert plan.size(torch.tensor([0.01])) == 0 and not policy._paid  # the root alone after drafting: no gain
+    assert plan.size(torch.tensor([0.9])) == 1 and policy._worth == pytest.approx(1.9 / 0.070 * 0.060)
+    assert plan.size(torch.tensor([0.01])) == 0 and policy._worth == pytest.approx(1.0)  # the root alone, D = 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -168,11 +172,11 @@ def test_an_eagle3_head_catches_up_after_skipped_steps_as_without_them(tmp_path,
 
 def test_auto_skips_drafting_where_undrafted_steps_deliver_more_and_stays_plain(monkeypatch):
     """End to end on "auto": a drafter whose steps cost more than they deliver (a fake clock says so)
-    (every drafted step judged unpaid) leads to undrafted steps, and the output stays plain's."""
+    (every drafted step worth half an undrafted one) leads to undrafted steps, and the output stays plain's."""
     target = peaked(tiny_model("llama", seed=0), scale=30.0)
     ids = torch.randint(3, 90, (1, 7), generator=torch.Generator().manual_seed(4))
     ref = target.generate(ids, max_new_tokens=40, do_sample=False)
-    monkeypatch.setattr("opttree.budget.policy.drafting_paid", lambda speed, latency: False)
+    monkeypatch.setattr("opttree.budget.policy.drafting_worth", lambda speed, latency: 0.5)
     out = target.generate(ids, do_sample=False, custom_generate=speculative_generate, draft_model="prompt_lookup",
                           return_dict_in_generate=True, max_new_tokens=40)
     assert torch.equal(out.sequences, ref)
