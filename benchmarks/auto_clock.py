@@ -1,11 +1,9 @@
-"""``"auto"``'s latency model, three ways, against plain generate() in one process: the speed-ups.
+"""``"auto"``'s latency model, two ways, against plain generate() in one process: the speed-ups.
 
 - ``auto``: as shipped: decoding's clock prices each verification size it has counted steps at, smaller
-  sizes probed (``budget.latency.SeenSize``, ``LatencyModel.probe``), and steps skip drafting where the
-  recent drafting was not worth it (``budget.skip``);
-- ``no-skip``: the same without the skip rule (every step drafts);
-- ``table``: T(n) from the calibration through one online correction for every size, no probes, no
-  skips (the model before the clock per size: the constants set out of reach).
+  sizes probed (``budget.latency.SeenSize``, ``LatencyModel.probe``);
+- ``table``: T(n) from the calibration through one online correction for every size, no probes (the
+  model before the clock per size: its constants set out of reach).
 
 Each variant keeps its own latency model (one calibration read from the same file), the methods take
 turns per prompt (the order reversed every other prompt), and every output is checked against plain's.
@@ -26,10 +24,10 @@ import time
 import torch
 
 from opttree import load_draft, speculative_generate
-from opttree.budget import calibration, latency as latency_module, skip as skip_module
+from opttree.budget import calibration, latency as latency_module
 from opttree.smollm2 import load_smollm2
 
-VARIANTS = ("auto", "no-skip", "table")
+VARIANTS = ("auto", "table")
 OUT_OF_REACH = 10**9
 
 
@@ -49,13 +47,11 @@ class Variants:
 
     def __init__(self):
         self.clock = (latency_module.SEEN_AFTER, latency_module.PROBE_EVERY, latency_module.PROBE_AGAIN)
-        self.draft_next = skip_module.SkipRule.draft_next
         self.pairs = {name: {} for name in VARIANTS}
 
     def use(self, name: str) -> None:
         clock = self.clock if name != "table" else (OUT_OF_REACH,) * 3
         latency_module.SEEN_AFTER, latency_module.PROBE_EVERY, latency_module.PROBE_AGAIN = clock
-        skip_module.SkipRule.draft_next = self.draft_next if name == "auto" else (lambda rule: True)
         calibration._PAIRS = self.pairs[name]
 
     def model(self, name: str):
@@ -110,11 +106,10 @@ def main() -> None:
           f"outputs equal to plain's: {equal}/{len(ids)}")
     for name in VARIANTS:
         model, mine = variants.model(name), steps[name]
-        undrafted = sum(1 for s in mine if s.draft_forwards == 0 and s.root_seconds == 0)
         clock = {size: round(seen.seconds * 1e3, 1) for size, seen in sorted(model.seen.items()) if seen.counted >= 2}
         print(f"{name:8s} {seconds['plain'] / seconds[name]:.3f}x plain, tau "
-              f"{sum(s.emitted for s in mine) / len(mine):.2f}, tree {sum(s.tree_size for s in mine) / len(mine):.1f}, "
-              f"undrafted steps {undrafted}/{len(mine)}; T(n) on decoding's clock (ms) {clock}")
+              f"{sum(s.emitted for s in mine) / len(mine):.2f}, tree {sum(s.tree_size for s in mine) / len(mine):.1f}; "
+              f"T(n) on decoding's clock (ms) {clock}")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ the measured policy:
 * :mod:`.policy`: :class:`~.policy.AutoPolicy` and the pure decisions it makes each step;
 * :mod:`.latency`: the :class:`~.latency.LatencyModel` it plans with (T(n), c(w)), refreshed by every step;
 * :mod:`.reliability`: how far the draft's p̂ is to be trusted, learnt online;
-* :mod:`.skip`: whether a step drafts at all, from whether the recent drafting paid;
 * :mod:`.calibration_file`: the calibrations on disk: where, read and written, and what a file must
   hold before any of it is used;
 * :mod:`.timing`: measuring the pair on this machine, as decoding runs it.

@@ -24,7 +24,6 @@ import torch
 
 from ..tree.sizes import padded_nodes
 from .reliability import ReliabilityMap
-from .skip import SkipRule
 
 AUTO_MAX_NODES = 63  # the largest tree "auto" will ever verify (the pool budget): with the root, 64 rows
 REFRESH = 0.1  # weight of each new step in the online latency averages
@@ -137,8 +136,6 @@ class LatencyModel:
     # decoding's clock per priced size (SeenSize); from SEEN_AFTER counted steps it prices that size
     seen: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
     steps: int = 0  # timed steps observed: the clock of the probes (LatencyModel.probe)
-    # whether a step drafts at all, from whether recent drafting paid (budget.skip)
-    skip: SkipRule = dataclasses.field(default_factory=SkipRule, repr=False, compare=False)
     # p̂ -> P(accepted), learnt from the verified trees (AutoPolicy.observe); kept per pair, not on disk
     reliability: ReliabilityMap = dataclasses.field(default_factory=ReliabilityMap, repr=False, compare=False)
     # held by every refresh: concurrent decodes of one pair share this object (opttree.budget.calibration)

@@ -27,9 +27,7 @@ per second of drafting falls below the current rate. *Width*: a layer never expa
 twice the recent verified tree size (:func:`layer_width`), so a step never pays for 64-wide layers
 it then prunes.
 
-*Whether to draft at all* (:mod:`opttree.budget.skip`): a drafted step's worth is its speed, D included,
-over the root alone's, 1 / (T(0) + overhead) (:func:`drafting_worth`); where the recent drafted steps' mean
-worth is below 1, steps skip drafting for a while. *Probes*: now and then a step verifies a smaller tree than chosen, so
+*Probes*: now and then a step verifies a smaller tree than chosen, so
 that decoding's clock prices the smaller sizes too (:meth:`~opttree.budget.latency.LatencyModel.probe`).
 
 T, c and the map are the pair's :class:`~opttree.budget.latency.LatencyModel`; each call's policies are
@@ -81,12 +79,6 @@ def best_choice(path_probs: torch.Tensor, latency: LatencyModel, draft_seconds: 
     speed = expected_speed(path_probs, latency, draft_seconds, cap)
     m = int(torch.argmax(speed)) + 1  # first maximum: the smaller tree on ties
     return (m, float(speed[m - 1])) if float(speed[m - 1]) > alone else (0, alone)
-
-
-def drafting_worth(speed: float, latency: LatencyModel) -> float:
-    """A drafted step's worth: its tree's expected speed ``speed`` (its drafting time included:
-    :func:`best_choice`) over an undrafted step's, the root alone's 1 / (T(0) + overhead)."""
-    return speed * (latency.verify_time(0) + latency.overhead)
 
 
 def best_size(path_probs: torch.Tensor, latency: LatencyModel, draft_seconds: float, cap: int | None = None) -> int:
@@ -173,7 +165,6 @@ class AutoPolicy:
         self.threshold = 0.0 if self.auto_threshold else config.threshold  # with "auto", `grow` decides
         self._start = self.clock()
         self._priced = latency.root_seconds  # untimed: the model's drafting time of the step so far
-        self._worth = None  # this step's drafting_worth, for the pair's SkipRule (None: no tree priced)
         # the recent tree size, shared by later calls with the same settings (not by other settings)
         self.setting = f"{config.strategy}/{config.nodes}/{config.threshold}/{config.max_depth}"
         self.mean_size = latency.mean_sizes.get(self.setting, START_SIZE)
@@ -189,14 +180,12 @@ class AutoPolicy:
     def plan(self) -> StepPlan:
         self._start = self.clock()
         self._priced = self.latency.root_seconds
-        self._worth = None
         return StepPlan(
             nodes=self.max_nodes,
             threshold=self.threshold,
             width=layer_width(self.mean_size, self.max_nodes),
             grow=self._grow if self.auto_threshold else None,
             size=self._size if self.auto_nodes else None,
-            draft=self.latency.skip.draft_next() if self.auto_nodes and self.timed else True,
         )
 
     def _grow(self, state: LayerState) -> bool:
@@ -206,12 +195,8 @@ class AutoPolicy:
         return pays
 
     def _size(self, path_probs: torch.Tensor) -> int:
-        spent = self.spent()
-        size, speed = best_choice(path_probs, self.latency, spent, self.max_nodes)
-        if not self.timed:
-            return size
-        self._worth = drafting_worth(speed, self.latency)
-        return self.latency.probe(size)  # a timed policy's probes price smaller sizes on decoding's clock
+        size = best_size(path_probs, self.latency, self.spent(), self.max_nodes)
+        return self.latency.probe(size) if self.timed else size  # probes: decoding's clock prices smaller sizes
 
     def observe(self, step) -> None:
         with self.latency.lock:
@@ -219,8 +204,6 @@ class AutoPolicy:
                 rest = self.spent() - step.draft_seconds - step.verify_seconds  # since plan(): the whole step
                 self.latency.overhead += REFRESH * (max(rest, 0.0) - self.latency.overhead)
                 self.latency.observe(step)
-                if self.auto_nodes:
-                    self.latency.skip.observe(step.root_seconds > 0 or step.draft_forwards > 0, self._worth)
             if step.tree is not None and step.accepted_nodes is not None and len(step.tree) > 0:
                 accepted = torch.zeros(len(step.tree), dtype=torch.bool)
                 accepted[step.accepted_nodes] = True
@@ -231,5 +214,5 @@ class AutoPolicy:
 
 
 __all__ = ["AutoPolicy", "MIN_WIDTH", "SIZE_REFRESH", "START_SIZE", "WIDTH_PER_NODE", "as_calibrated", "best_choice",
-           "best_size", "drafting_worth", "expected_speed", "largest_tree", "layer_pays", "layer_width",
+           "best_size", "expected_speed", "largest_tree", "layer_pays", "layer_width",
            "next_layer_guess"]

@@ -56,9 +56,8 @@ def draft_rows(rows: list[Row], drafters: DrafterRows, settings: DecodeSettings,
     """Every row's tree, not deeper than its tokens still allowed and the context. sync: time the
     drafter's calls on the device (:class:`DraftClock`; what ``"auto"`` learns from)."""
     start, forwards = time.perf_counter(), drafters.forwards
-    plans = [row.policy.plan() for row in rows]  # each row's nodes, threshold, layer width, whether it drafts
-    caps = [min(row.limit - len(row.sequence) - 1, settings.context_length - len(row.tokens)) if plan.draft else 0
-            for row, plan in zip(rows, plans)]
+    caps = [min(row.limit - len(row.sequence) - 1, settings.context_length - len(row.tokens)) for row in rows]
+    plans = [row.policy.plan() for row in rows]  # each row's nodes, threshold, layer width
     clock = DraftClock(drafters, len(rows), sync=sync)
     builts = draft_trees(clock, rows, caps, plans, settings)
     trees = [built.tree.to(row.sequence.device) for built, row in zip(builts, rows)]

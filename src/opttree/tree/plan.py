@@ -41,7 +41,6 @@ class StepPlan:
     width: int | None = None  # the most nodes one draft forward expands (None: no cap)
     grow: Callable[[LayerState], bool] | None = None  # draft one more layer? (None: E(A) gain > δ)
     size: Callable[[torch.Tensor], int] | None = None  # pool p̂ [k] -> nodes to verify (None: all kept)
-    draft: bool = True  # False: no tree this step, not even the drafter's catch-up (the root alone is verified)
 
 
 class BudgetPolicy(Protocol):
