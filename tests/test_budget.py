@@ -757,6 +757,91 @@ def test_a_step_at_a_fitted_size_replaces_the_fit_from_its_second_step_on():
     assert every.verify.sizes == (0, 15) and every.verify_measured is None
 
 
+# decoding's clock against the calibration's: on the Xeon AMX in float32 the calibration (32 tokens, the fastest
+# trial) priced 15 nodes at 1.5x the root, decoding's steps at 1.75x (RESULTS, "Is auto as fast ...")
+CALIBRATED = LatencyTable((0, 15), (0.046, 0.069))  # what the calibration timed; the other sizes fitted
+DECODING = {0: 0.055, 1: 0.057, 3: 0.058, 7: 0.072, 15: 0.097, 31: 0.150, 63: 0.250}  # what decoding's steps take
+CONFIDENT_TAIL = torch.tensor([0.6, 0.3, 0.2, 0.1] + [0.09] * 4 + [0.08] * 7)  # 15 nodes worth verifying at T(15)
+
+
+def calibrated_model() -> LatencyModel:
+    return LatencyModel(verify=latency_module.complete_table(CALIBRATED, calibration.VERIFY_NODES),
+                        verify_measured=frozenset(CALIBRATED.sizes))
+
+
+def decode_on_the_clock(latency: LatencyModel, steps: int) -> list[int]:
+    """``steps`` steps of an auto policy on ``latency``, each verifying its chosen tree at DECODING's time (no
+    drafting time: only the verification's price decides); the priced size of each step."""
+    policy = AutoPolicy(TreeConfig(nodes="auto"), latency, clock=lambda: 0.0)
+    sizes = []
+    for _ in range(steps):
+        m = policy.plan().size(CONFIDENT_TAIL)
+        sizes.append(latency.verify_rows(m) - 1)
+        policy.observe(step(m, DECODING[sizes[-1]]))
+    return sizes
+
+
+def truth_best() -> int:
+    gain = {n: 1 + float(CONFIDENT_TAIL[:n].sum()) for n in (0, 1, 3, 7, 15)}
+    return max(gain, key=lambda n: gain[n] / DECODING[n])
+
+
+def test_decoding_clock_prices_the_sizes_it_verifies_and_probes_the_smaller_ones():
+    """The calibration's ratio T(15) / T(0) is wrong; one correction for every size keeps it wrong (a pure scale
+    where the steps verify one size), so without the clock per size auto keeps 15 nodes; with it, and probes of
+    the smaller sizes, it finds the size that is fastest on decoding's clock, and then probes rarely."""
+    assert truth_best() == 3 and best_size(CONFIDENT_TAIL, calibrated_model(), 0.0) == 15
+    latency = calibrated_model()
+    sizes = decode_on_the_clock(latency, 300)
+    assert sizes[0] == 15 and sizes[-40:].count(truth_best()) >= 39  # at most one probe in the last 40 steps
+    for n in (0, 1, 3, 15):  # the sizes below the one chosen were probed, those above it never
+        assert latency.priced_by_clock(n) and latency.verify_time(n) == pytest.approx(DECODING[n])
+    assert latency.verify_time(31) != pytest.approx(DECODING[31])  # never verified there: the corrected table
+
+
+def test_without_the_clock_per_size_auto_keeps_the_calibrations_choice(monkeypatch):
+    """Negative control: the probes and the per-size clock out of reach, the calibration's choice stays."""
+    for name in ("SEEN_AFTER", "PROBE_EVERY", "PROBE_AGAIN"):
+        monkeypatch.setattr(latency_module, name, 10**9)
+    sizes = decode_on_the_clock(calibrated_model(), 300)
+    assert set(sizes[1:]) == {15}
+
+
+def test_a_size_is_priced_by_the_clock_from_its_third_step_and_probes_follow_the_schedule():
+    latency = calibrated_model()
+    assert latency.probe(15) == 15  # no timed step yet: nothing to compare with
+    latency.observe(step(15, 0.5))  # the first step at a size warms it: not counted
+    latency.observe(step(15, 0.1))
+    assert not latency.priced_by_clock(15)
+    latency.observe(step(15, 0.1))
+    assert latency.priced_by_clock(15) and latency.verify_time(15) == pytest.approx(0.1)
+    latency.observe(step(15, 10.0))  # an outlier counts as 4x the mean at most (the 3rd counted step: weight 1/3)
+    assert latency.seen[15].seconds == pytest.approx(0.1 + (0.4 - 0.1) / 3)
+    for _ in range(latency_module.PROBE_EVERY - latency.steps % latency_module.PROBE_EVERY):
+        latency.observe(step(15, 0.1))
+    assert latency.probe(12) == 7 and latency.probe(0) == 0  # the nearest open size below; nothing below the root
+
+
+def test_once_the_smaller_sizes_are_priced_a_probe_comes_every_probe_again_steps():
+    latency = calibrated_model()
+    for n in (0, 1, 3, 7, 15):
+        for _ in range(latency_module.SEEN_AFTER + 1):
+            latency.observe(step(n, DECODING[n]))
+    probes = []
+    for _ in range(2 * latency_module.PROBE_AGAIN):
+        probes.append(latency.probe(15))
+        latency.observe(step(15, DECODING[15]))
+    assert probes.count(7) == 2 and probes.count(15) == len(probes) - 2  # the nearest below, to follow a drift
+
+
+def test_a_sampled_calls_policy_never_probes():
+    latency = calibrated_model()
+    for _ in range(latency_module.PROBE_EVERY):
+        latency.observe(step(15, CALIBRATED.seconds[1]))  # as calibrated: the choice stays 15
+    untimed = AutoPolicy(TreeConfig(nodes="auto"), latency, timed=False)
+    assert latency.probe(15) != 15 and untimed.plan().size(CONFIDENT_TAIL) == 15
+
+
 def test_calibration_times_a_sliding_window_model_past_its_window_as_decoding_runs_it(monkeypatch):
     """measure_verify on a Mistral whose 16-token window is far shorter than the 256-token prefix it
     times on (before: a raw sdpa size error, "(16) must match (257)"): the cache keeps every slot and

@@ -5,9 +5,13 @@
 draft layer over w nodes), the rest of a step and the reliability map, measured by
 :mod:`opttree.budget.calibration` and refreshed from every step (T(n) as scale × table + offset, by
 exponentially weighted least squares; c(w) by a scale; the rest of a step by an average; the map
-from the verified tree and its accepted nodes). Its refresh runs under the model's own lock:
-decodes in several threads share one model per pair. T(1 … m) + the rest of a step is a slice of
-a tensor cached until those numbers change.
+from the verified tree and its accepted nodes). A size decoding has verified at often enough is priced
+by decoding's own clock there (:class:`SeenSize`), not by the corrected table: the calibration's few-token
+context and its fastest trial can misjudge how much a larger tree costs beside the smallest (the Xeon AMX in
+float32: 15 nodes 1.5× the root at calibration, 1.75× in decoding), and one correction for every size cannot
+undo a wrong ratio; smaller sizes are probed so that the clock prices them too (:meth:`LatencyModel.probe`).
+Its refresh runs under the model's own lock: decodes in several threads share one model per pair.
+T(1 … m) + the rest of a step is a slice of a tensor cached until those numbers change.
 """
 
 from __future__ import annotations
@@ -23,6 +27,9 @@ from .reliability import ReliabilityMap
 
 AUTO_MAX_NODES = 63  # the largest tree "auto" will ever verify (the pool budget): with the root, 64 rows
 REFRESH = 0.1  # weight of each new step in the online latency averages
+SEEN_AFTER = 2  # steps counted at a size (its first step warms it, uncounted) before decoding's clock prices it
+PROBE_EVERY = 8  # while a size below the chosen one is not priced by decoding's clock, every this many steps ...
+PROBE_AGAIN = 64  # ... else every this many, a step verifies at that smaller size instead (LatencyModel.probe)
 
 
 @dataclass
@@ -87,6 +94,27 @@ class AffineFit:
 
 
 @dataclass
+class SeenSize:
+    """Decoding's own clock at one verification size: the running mean of its steps' seconds, the first step
+    (which warms the size: kernel trials, a compile) not counted, each later one clipped to 0.25-4× the mean."""
+
+    steps: int = 0  # steps observed at this size, the warming one included
+    seconds: float = 0.0
+
+    @property
+    def counted(self) -> int:
+        return max(self.steps - 1, 0)
+
+    def add(self, seconds: float) -> None:
+        self.steps += 1
+        if self.counted == 0:
+            return
+        if self.counted > 1:
+            seconds = self.seconds * _clip(seconds / self.seconds) if self.seconds > 0 else seconds
+        self.seconds += max(REFRESH, 1.0 / self.counted) * (seconds - self.seconds)
+
+
+@dataclass
 class LatencyModel:
     """Measured costs of one step's pieces, in seconds, refreshed from every step."""
 
@@ -105,6 +133,9 @@ class LatencyModel:
     # running mean of the verified tree sizes per tree setting (sets the width cap); see AutoPolicy
     mean_sizes: dict = dataclasses.field(default_factory=dict)
     overhead: float = 0.0  # the rest of a step (cache surgery, commit, stopping criteria), learnt
+    # decoding's clock per priced size (SeenSize); from SEEN_AFTER counted steps it prices that size
+    seen: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
+    steps: int = 0  # timed steps observed: the clock of the probes (LatencyModel.probe)
     # p̂ -> P(accepted), learnt from the verified trees (AutoPolicy.observe); kept per pair, not on disk
     reliability: ReliabilityMap = dataclasses.field(default_factory=ReliabilityMap, repr=False, compare=False)
     # held by every refresh: concurrent decodes of one pair share this object (opttree.budget.calibration)
@@ -117,7 +148,41 @@ class LatencyModel:
 
     def verify_time(self, n: int) -> float:
         """T(n): a verification forward of the root and ``n`` nodes, at the size it is padded to."""
-        return max(self.verify_table(n) * self.verify_scale + self.verify_offset, 0.0)
+        return self.size_time(self._padding(n)[0])
+
+    def size_time(self, size: float) -> float:
+        """The seconds of a verification at table size ``size``: decoding's clock there once it has counted
+        SEEN_AFTER steps, else the calibrated time through the online correction."""
+        seen = self.seen.get(size)
+        if seen is not None and seen.counted >= SEEN_AFTER:
+            return seen.seconds
+        return max(self.verify.at(size) * self.verify_scale + self.verify_offset, 0.0)
+
+    def priced_by_clock(self, size: int) -> bool:
+        """Whether decoding's clock prices table size ``size`` (SEEN_AFTER counted steps there)."""
+        seen = self.seen.get(size)
+        return seen is not None and seen.counted >= SEEN_AFTER
+
+    def probe(self, nodes: int) -> int:
+        """The nodes to verify this step when the policy chose ``nodes``: ``nodes``, or on a probe step a
+        smaller table size that decoding's clock does not price yet and that a tree of its size is verified
+        at (the fewest counted steps, the nearest below on ties), every PROBE_EVERY timed steps while one is
+        left; then the nearest size below every PROBE_AGAIN steps, to follow a drift. A smaller tree keeps
+        the most probable nodes: lossless as any cut."""
+        if nodes <= 0 or self.steps == 0:
+            return nodes
+        chosen = self._padding(nodes)[0]
+        below = [x for x in self.verify.sizes if x < chosen]
+        if not below:
+            return nodes
+        # open: not priced by the clock yet, and a tree of that size would be verified there (not padded to a
+        # larger size the model prices cheaper: probing it would time that one)
+        open_ = [x for x in below if not self.priced_by_clock(x) and self._padding(x)[0] == x]
+        if open_ and self.steps % PROBE_EVERY == 0:
+            return min(open_, key=lambda x: (self.seen[x].counted if x in self.seen else 0, -x))
+        if not open_ and self.steps % PROBE_AGAIN == 0:
+            return below[-1]
+        return nodes
 
     def verify_table(self, n: int) -> float:
         """The calibrated (uncorrected) T(n): the measured time of the size ``n`` nodes are padded to."""
@@ -133,8 +198,8 @@ class LatencyModel:
         above ``n``'s padded size, with the least time (the smallest on ties); beyond the table, its own
         padded size."""
         base = padded_nodes(n)
-        xs, ys = self.verify.sizes, self.verify.seconds
-        later = [(y, x) for x, y in zip(xs, ys) if x >= base]
+        xs = self.verify.sizes
+        later = [(self.size_time(x), x) for x in xs if x >= base]
         if not later or base > xs[-1]:
             return base, base + 1
         _, best = min(later)
@@ -143,7 +208,7 @@ class LatencyModel:
     def step_times(self, m: int) -> torch.Tensor:
         """[m] float64: T(1) … T(m), each plus the rest of a step (overhead). A slice of a cached
         tensor, rebuilt only when the numbers it is made of change (a refresh, or a test setting them)."""
-        key = (self.verify_scale, self.verify_offset, self.overhead)
+        key = (self.verify_scale, self.verify_offset, self.overhead, self.steps)
         cached = self._times  # one read: a concurrent rebuild replaces it whole
         if cached is None or cached[0] is not self.verify or cached[1] != key or len(cached[2]) < m:
             n = max(m, AUTO_MAX_NODES)
@@ -160,25 +225,28 @@ class LatencyModel:
         with self.lock:
             self._observe(step)
 
-    def _measure_fitted(self, step) -> bool:
-        """A step verified at a fitted size: from the second such step on (the first warmed the size:
+    def _measure_fitted(self, priced: float, verify_seconds: float) -> bool:
+        """A step verified at a fitted size ``priced``: from the second such step on (the first warmed the size:
         a compile, kernel trials), its time, taken back through the online correction, becomes that
         size's entry (measured from now on). Whether the step was at a fitted size."""
-        priced = self._padding(step.tree_size)[0]
-        if self.verify_measured is None or priced in self.verify_measured or step.verify_seconds <= 0:
+        if self.verify_measured is None or priced in self.verify_measured or verify_seconds <= 0:
             return False
         if priced not in self.verify_warmed:
             self.verify_warmed.add(priced)
             return True
-        seconds = max((step.verify_seconds - self.verify_offset) / self.verify_scale, 0.0) or step.verify_seconds
+        seconds = max((verify_seconds - self.verify_offset) / self.verify_scale, 0.0) or verify_seconds
         sizes = self.verify.sizes
         self.verify = LatencyTable(sizes, tuple(seconds if n == priced else t for n, t in zip(sizes, self.verify.seconds)))
         self.verify_measured = self.verify_measured | {priced}
         return True
 
     def _observe(self, step) -> None:
-        calibrated = self.verify_table(step.tree_size)
-        if self._measure_fitted(step):
+        priced = self._padding(step.tree_size)[0]  # the size the step verified at
+        calibrated = self.verify.at(priced)
+        if step.verify_seconds > 0:
+            self.steps += 1
+            self.seen.setdefault(priced, SeenSize()).add(step.verify_seconds)
+        if self._measure_fitted(priced, step.verify_seconds):
             pass  # a new point of the table, not evidence on the correction
         elif step.verify_seconds > 0 and calibrated > 0:
             if self.verify_fit.w == 0:  # the calibration itself is the prior: weight 1, at this size
@@ -202,4 +270,5 @@ def _clip(ratio: float) -> float:
     return min(max(ratio, 0.25), 4.0)  # one outlier step moves a scale at most this far
 
 
-__all__ = ["AUTO_MAX_NODES", "AffineFit", "LatencyModel", "LatencyTable", "REFRESH", "complete_table"]
+__all__ = ["AUTO_MAX_NODES", "AffineFit", "LatencyModel", "LatencyTable", "PROBE_AGAIN", "PROBE_EVERY", "REFRESH",
+           "SEEN_AFTER", "SeenSize", "complete_table"]

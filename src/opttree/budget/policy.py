@@ -27,6 +27,9 @@ per second of drafting falls below the current rate. *Width*: a layer never expa
 twice the recent verified tree size (:func:`layer_width`), so a step never pays for 64-wide layers
 it then prunes.
 
+*Probes*: now and then a step verifies a smaller tree than chosen, so
+that decoding's clock prices the smaller sizes too (:meth:`~opttree.budget.latency.LatencyModel.probe`).
+
 T, c and the map are the pair's :class:`~opttree.budget.latency.LatencyModel`; each call's policies are
 made on it by :func:`opttree.budget.calibration.policy_maker`.
 """
@@ -192,7 +195,8 @@ class AutoPolicy:
         return pays
 
     def _size(self, path_probs: torch.Tensor) -> int:
-        return best_size(path_probs, self.latency, self.spent(), self.max_nodes)
+        size = best_size(path_probs, self.latency, self.spent(), self.max_nodes)
+        return self.latency.probe(size) if self.timed else size  # probes: decoding's clock prices smaller sizes
 
     def observe(self, step) -> None:
         with self.latency.lock:
@@ -210,4 +214,5 @@ class AutoPolicy:
 
 
 __all__ = ["AutoPolicy", "MIN_WIDTH", "SIZE_REFRESH", "START_SIZE", "WIDTH_PER_NODE", "as_calibrated", "best_choice",
-           "best_size", "expected_speed", "largest_tree", "layer_pays", "layer_width", "next_layer_guess"]
+           "best_size", "expected_speed", "largest_tree", "layer_pays", "layer_width",
+           "next_layer_guess"]
