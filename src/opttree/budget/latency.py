@@ -153,9 +153,8 @@ class LatencyModel:
     def size_time(self, size: float) -> float:
         """The seconds of a verification at table size ``size``: decoding's clock there once it has counted
         SEEN_AFTER steps, else the calibrated time through the online correction."""
-        seen = self.seen.get(size)
-        if seen is not None and seen.counted >= SEEN_AFTER:
-            return seen.seconds
+        if self.priced_by_clock(size):
+            return self.seen[size].seconds
         return max(self.verify.at(size) * self.verify_scale + self.verify_offset, 0.0)
 
     def priced_by_clock(self, size: int) -> bool:

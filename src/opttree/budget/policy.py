@@ -27,8 +27,8 @@ per second of drafting falls below the current rate. *Width*: a layer never expa
 twice the recent verified tree size (:func:`layer_width`), so a step never pays for 64-wide layers
 it then prunes.
 
-*Probes*: now and then a step verifies a smaller tree than chosen, so
-that decoding's clock prices the smaller sizes too (:meth:`~opttree.budget.latency.LatencyModel.probe`).
+*Probes*: now and then a step verifies a smaller tree than chosen, so that decoding's clock prices the
+smaller sizes too (:meth:`~opttree.budget.latency.LatencyModel.probe`).
 
 T, c and the map are the pair's :class:`~opttree.budget.latency.LatencyModel`; each call's policies are
 made on it by :func:`opttree.budget.calibration.policy_maker`.
