@@ -16,7 +16,6 @@ GGUF file.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -137,11 +136,9 @@ def source_record(gguf: Path) -> dict:
     stat = gguf.stat()
     key = (str(gguf.resolve()), stat.st_size, stat.st_mtime_ns)
     if key not in _digests:
-        digest = hashlib.sha256()
-        with open(gguf, "rb") as f:
-            while chunk := f.read(1 << 22):
-                digest.update(chunk)
-        _digests[key] = digest.hexdigest()
+        from .loading.files import sha256
+
+        _digests[key] = sha256(gguf, block=1 << 22)
     return {"gguf": gguf.name, "bytes": stat.st_size, "sha256": _digests[key]}
 
 

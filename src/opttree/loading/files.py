@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -19,6 +20,15 @@ import torch
 META_FILE = "opttree_draft.json"
 WEIGHTS_FILE = "model.safetensors"
 REWRITE = "write the folder again with `opttree distill` (or restore the files it wrote)"
+
+
+def sha256(path: str | Path, block: int = 1 << 20) -> str:
+    """The hex sha256 of a file's bytes, read in blocks (what a shard, a GGUF or a head's weights are known by)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(block):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def embedding_checksum(target) -> float:

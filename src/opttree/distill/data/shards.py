@@ -8,11 +8,12 @@ read, with ``torch.load(weights_only=True)`` (plain containers and tensors only)
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
 import torch
+
+from ...loading.files import sha256  # shards are known by it (re-exported for distill)
 
 SUFFIX = ".safetensors"
 
@@ -65,9 +66,3 @@ def shard_name(index: int) -> str:
     return f"shard_{index:05d}{SUFFIX}"
 
 
-def sha256(path: str | Path, block: int = 1 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(block):
-            h.update(chunk)
-    return h.hexdigest()
