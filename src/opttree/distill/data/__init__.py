@@ -7,7 +7,9 @@ of :mod:`opttree.distill`).
 * :mod:`.targets`: the target a draft is made for; :mod:`.answers`: its greedy answers and top-k
   logits, cached and resumable; :mod:`.pipeline`: prompts → answers in two rounds (``--target``);
 * :mod:`.features`: the target's hidden states and soft labels of any text (a feature head's data);
-* :mod:`.shards`: the cache's shards (safetensors, no pickle).
+* :mod:`.shards`: the cache's shards (safetensors, no pickle);
+* :mod:`.texts`: a round's texts to commit: prompts written by the library and the target's greedy
+  answers as uint16 ids in shards any run goes on from (settings never mixed).
 
 May import: the runtime (:mod:`opttree.loading`) and :mod:`opttree.smollm2`; no other room of
 :mod:`opttree.distill`. Imported by :mod:`opttree.distill.train`, :mod:`opttree.distill.recipes` and
