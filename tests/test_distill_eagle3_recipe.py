@@ -250,7 +250,7 @@ def test_what_an_eagle3_recipe_cannot_honour_is_refused_by_name(recipe_dir, tmp_
     assert not (tmp_path / "head").exists()  # refused before any work
 
 
-def test_an_init_that_is_not_an_eagle3_head_is_refused(tmp_path):
+def test_an_init_that_is_no_head_is_refused_and_a_feature_head_is_mapped(tmp_path):
     from opttree.distill.train.head_train import HeadTrainConfig, train_head
 
     from opttree.distill.data.features import features_of
@@ -261,5 +261,8 @@ def test_an_init_that_is_not_an_eagle3_head_is_refused(tmp_path):
     last = [features_of(target, torch.randint(3, 96, (30,), generator=g), topk=4) for _ in range(6)]
     train_head(target, last, tmp_path / "feature-head",
                HeadTrainConfig(num_kept_tokens=48, unroll=1, epochs=1, batch_tokens=96, max_len=29, eval_every=100))
-    with pytest.raises(ValueError, match="EAGLE-3 folder, or to \"\" for a new head"):
-        train_eagle3(target, records, tmp_path / "x", CFG, init=tmp_path / "feature-head")
+    # a feature head is no longer refused: it is mapped into the layout (test_distill_eagle3_from_head.py)
+    assert train_eagle3(target, records, tmp_path / "x", CFG, init=tmp_path / "feature-head").steps > 0
+    (tmp_path / "neither").mkdir()
+    with pytest.raises(ValueError, match="EAGLE-3 folder, a feature head's, or to \"\" for a new head"):
+        train_eagle3(target, records, tmp_path / "y", CFG, init=tmp_path / "neither")

@@ -74,6 +74,14 @@ def save_head(head: FeatureHead, meta: HeadMeta, path: str | Path, dtype: torch.
     return path
 
 
+def is_feature_head_folder(path: Path) -> bool:
+    """Whether ``path``'s META_FILE names a feature head's format (its keys are checked on load)."""
+    try:
+        return read_meta(path).get("format") in HEAD_FORMATS
+    except ValueError:
+        return False
+
+
 def read_head_meta(path: Path) -> tuple[HeadMeta, HeadConfig]:
     """A saved head's metadata and shapes, every key checked (ValueError naming the file)."""
     meta = parse_meta(HeadMeta, read_meta(path), META_KINDS, str(path / META_FILE))

@@ -123,16 +123,28 @@ def agreement(head, pieces: list[dict], cfg: Eagle3TrainConfig, full_to_kept: to
 
 
 def start_head(target, train_records: list[dict], cfg: Eagle3TrainConfig, init: str | Path | None):
-    """A new head over the training texts' most frequent tokens, or the EAGLE-3 head in ``init``
-    (refused, naming the fix, where its layout, taps or draft vocabulary differ from the run's)."""
+    """A new head over the training texts' most frequent tokens, the EAGLE-3 head in ``init``
+    (refused, naming the fix, where its layout, taps or draft vocabulary differ from the run's), or
+    the feature head in ``init`` mapped into the layout (:mod:`.from_feature_head`, fitted on 64
+    training texts)."""
     if init is None:
         vocab = target.get_input_embeddings().weight.shape[0]
         return new_eagle3_head(target, draft_vocabulary(train_records, vocab, cfg.draft_vocab_size), cfg.seed)
     from ...loading.eagle_folder import is_eagle_head, load_eagle
+    from ...loading.head_file import is_feature_head_folder
 
-    fix = "set the stage's init to an EAGLE-3 folder, or to \"\" for a new head"
+    fix = "set the stage's init to an EAGLE-3 folder, a feature head's, or to \"\" for a new head"
+    if is_feature_head_folder(Path(init)):  # mapped where the layouts agree (.from_feature_head)
+        from ...loading.load import load_draft
+        from .from_feature_head import eagle3_from_feature_head
+
+        vocab = target.get_input_embeddings().weight.shape[0]
+        used = draft_vocabulary(train_records, vocab, cfg.draft_vocab_size)
+        texts = [r["input_ids"] for r in random.Random(cfg.seed).sample(train_records, min(64, len(train_records)))]
+        return eagle3_from_feature_head(load_draft(init, target), target, used, texts, cfg.seed).train()
     if not is_eagle_head(Path(init)):
-        raise ValueError(f"{init} holds no EAGLE head (an eagle3 run goes on training EAGLE-3 heads only): {fix}")
+        raise ValueError(f"{init} holds no EAGLE head nor feature head (an eagle3 run goes on training EAGLE-3 "
+                         f"heads): {fix}")
     head = load_eagle(init, target)
     taps = default_taps(text_config(target.config).num_hidden_layers)
     if not isinstance(head, Eagle3Head):

@@ -1,6 +1,8 @@
 """The draft vocabulary of an EAGLE-3 head: the ``size`` most frequent target tokens of the training
-texts (SafeAILab/EAGLE cb7e084 eagle/traineagle3/cnets.py ``scandata``: token counts of the training
-data, the top Vd kept, sorted ascending), and the layout's two maps of it:
+texts' answers (SafeAILab/EAGLE cb7e084 eagle/traineagle3/cnets.py ``scandata``: token counts of the
+training data, the top Vd kept, sorted ascending; SpecForge's ``do_word_count`` counts only where the
+loss mask is 1, the assistant's tokens: here a record's tokens from its ``prompt_len`` on, all of them
+where it has none), and the layout's two maps of it:
 
 - ``d2t`` [Vd] long, an OFFSET: target id = draft id + ``d2t[draft id]`` (``used[i] - i`` there);
 - ``t2d`` [V] bool: which target ids the draft keeps.
@@ -14,10 +16,12 @@ import torch
 
 
 def token_counts(records: list[dict], vocab_size: int) -> torch.Tensor:
-    """[V] float64: how often each target id occurs in the records' ``input_ids``."""
+    """[V] float64: how often each target id occurs in the records' answers (``input_ids`` from
+    ``prompt_len`` on; the whole text where a record has no ``prompt_len``)."""
     counts = torch.zeros(vocab_size, dtype=torch.float64)
     for r in records:
-        counts += torch.bincount(r["input_ids"].long().cpu(), minlength=vocab_size).double()[:vocab_size]
+        ids = r["input_ids"][int(r.get("prompt_len", 0)):]
+        counts += torch.bincount(ids.long().cpu(), minlength=vocab_size).double()[:vocab_size]
     return counts
 
 
