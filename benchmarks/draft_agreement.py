@@ -43,6 +43,7 @@ from pathlib import Path
 import torch
 
 from opttree.drafters.head.feature_head import FeatureHead
+from opttree.loading.eagle import Eagle3Head
 from opttree.hf.compat import with_cache
 
 logger = logging.getLogger("draft_agreement")
@@ -137,6 +138,30 @@ def heads_agreement_by_category(heads: list, target, answers: list[dict], depths
     if paths is not None:
         paths.extend(dict(p) for p in by_path)
     return [{k: [tuple(x) for x in v] for k, v in r.items()} for r in results]
+
+
+@torch.inference_mode()
+def eagle3_agreement_by_category(head, target, answers: list[dict], depths: int = 3) -> dict[str, list[tuple[int, int]]]:
+    """``{category: [(hits, tokens) at depth 1, 2, ...]}`` for an EAGLE-3 head, counted as for a feature
+    head: pass d at entry e (the taps of position e, token e + 1) guesses token e + 2, scored where that
+    token is an answer token and e >= d; a token outside the draft vocabulary is a miss."""
+    from opttree.distill.data.features import features_of
+    from opttree.distill.eagle3.unroll import paired, unrolled
+    from opttree.distill.train.head_data import make_batch
+
+    result = defaultdict(lambda: [[0, 0] for _ in range(depths)])
+    for a in answers:
+        seq = torch.tensor(a["prompt_ids"] + a["answer_ids"])  # [L]
+        record = features_of(target, seq, topk=1, layers=tuple(head.c.taps))  # hidden [L, 3H]
+        passes = unrolled(head, paired(make_batch([record], head.device)), depths)  # depths x [1, L - 1, h]
+        e = torch.arange(len(seq) - 2)  # entries whose guessed token e + 2 exists
+        answer = e + 2 >= len(a["prompt_ids"])
+        for d, g in enumerate(passes):
+            guess = head.token_ids[head.reduced_logits(g[0, :len(e)]).argmax(-1)].cpu()  # [L - 2]
+            where = answer & (e >= d)
+            result[a["category"]][d][0] += int((guess == seq[2:])[where].sum())
+            result[a["category"]][d][1] += int(where.sum())
+    return {k: [tuple(x) for x in v] for k, v in result.items()}
 
 
 def path_report(counts: dict) -> dict:
@@ -330,6 +355,10 @@ def main(argv: list[str] | None = None) -> int:
             report = head_report(str(path), head_counts[index], answers, args.max_new_tokens)
             report.update(path_report(path_counts[index]))
             report.update(coverage_report(draft, answers, report["agreement_by_depth"][0]))
+        elif isinstance(draft, Eagle3Head):
+            report = head_report(str(path), eagle3_agreement_by_category(draft, target, answers), answers,
+                                 args.max_new_tokens)
+            report.update(coverage_report(draft, answers, report["agreement_by_depth"][0]))
         else:
             per_cat = agreement_by_category(draft, answers)
             report = head_report(str(path), {k: [v] for k, v in per_cat.items()}, answers, args.max_new_tokens)
@@ -337,11 +366,12 @@ def main(argv: list[str] | None = None) -> int:
         reports.append(report)
         print(f"== {path}")
         if "agreement_by_depth" in report:
-            print("feature head agreement by tree depth (teacher-forced tokens, own features):",
+            print("head agreement by tree depth (teacher-forced tokens, own features):",
                   " ".join(f"{a:.3f}" for a in report["agreement_by_depth"]))
-            print("  given the path so far was accepted:",
-                  " ".join(f"{a:.3f}" for a in report["agreement_by_depth_given_accepted"]),
-                  f"(a chain of {len(report['agreement_by_depth'])}: tau {report['chain_tau']:.2f})")
+            if "chain_tau" in report:
+                print("  given the path so far was accepted:",
+                      " ".join(f"{a:.3f}" for a in report["agreement_by_depth_given_accepted"]),
+                      f"(a chain of {len(report['agreement_by_depth'])}: tau {report['chain_tau']:.2f})")
             print(f"  {report['kept_tokens']} kept tokens cover {report['coverage']:.3f} of the answer tokens; "
                   f"depth-1 agreement where covered: {report['agreement_covered']:.3f}")
         print(f"top-1 agreement over {report['answer_tokens']} answer tokens of {len(answers)} prompts: "
@@ -356,6 +386,8 @@ def main(argv: list[str] | None = None) -> int:
         if others:
             print(f"target forward of {q} token(s) by dtype (ms): {others}")
         for report, draft in zip(reports, drafts):
+            if isinstance(draft, Eagle3Head):  # its tree layer is timed end to end (opttree bench), not here
+                continue
             d_ms = (head_layer_ms(draft, target, args.prefix, q, args.reps) if isinstance(draft, FeatureHead)
                     else forward_ms(draft, args.prefix, q, args.reps, vocab))
             report["latency_ms"][str(q)] = {"target": round(t_ms, 2), "draft": round(d_ms, 2),

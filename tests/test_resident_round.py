@@ -145,3 +145,23 @@ def test_the_round_runs_on_cuda_with_the_records_on_the_device(round_dir):
     recipe = load_recipe(round_dir / "recipe.toml")
     timings = resident.run_round(recipe, round_dir / "head", "cuda", resident.Budget(120.0))
     assert timings.prompts_answered == 24 and "cuda" in timings.device
+
+
+def test_a_round_on_committed_texts_generates_nothing(round_dir):
+    """``--texts``: the round trains on a folder of committed answers (opttree.distill.data.texts), all of them."""
+    from transformers import AutoModelForCausalLM
+
+    from opttree.distill.data import texts
+    from opttree.distill.data.prompts import Prompt
+
+    target = AutoModelForCausalLM.from_pretrained(round_dir / "target").eval()
+    tok = tiny_tokenizer()
+    settings = texts.TextSettings(texts.target_identity(target), "float32", 6, 96, 5)
+    texts.answer_texts(target, tok, round_dir / "texts", settings, [Prompt(f"say {i} things", "qa") for i in range(12)])
+    recipe = load_recipe(round_dir / "recipe.toml")
+    timings = resident.run_round(recipe, round_dir / "head", "cpu", resident.Budget(60.0),
+                                 texts_dirs=(round_dir / "texts",))
+    assert timings.prompts_answered == 12 and timings.generate_s == 0.0
+    assert timings.rates()["answer_tok_per_s"] is None  # nothing was generated: no rate
+    assert timings.answer_tokens == sum(len(r["input_ids"]) - r["prompt_len"] for r in texts.read_texts(round_dir / "texts"))
+    assert (round_dir / "head" / "model.safetensors").is_file()

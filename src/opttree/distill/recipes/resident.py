@@ -14,7 +14,9 @@ clock, in the order a short-lived machine needs:
 4. only the head's files are written (``--out``), with ``round.json``: each step's seconds,
    tokens and rates, the machine, and the validation agreement by depth.
 
-Prompts come from the recipe's first ``answers`` source, or from ``--prompts`` (a JSONL, gzipped
+With ``--texts DIR ...`` the answers are folders of committed texts (:mod:`..data.texts`: prompts and
+the target's greedy answers as token ids, made and gone on from on any machine) and step 1 is
+skipped. Otherwise prompts come from the recipe's first ``answers`` source, or from ``--prompts`` (a JSONL, gzipped
 or not, e.g. the one ``--write-prompts`` made on another machine: a GPU machine lacks the local
 documents the ``chat`` prompts are written from). Nothing resumes: a lent machine forgets its
 disk when it goes cold; the round is sized to finish.
@@ -67,7 +69,8 @@ class Timings:
     total_s: float = 0.0
 
     def rates(self) -> dict:
-        return {"answer_tok_per_s": round(self.answer_tokens / max(self.generate_s, 1e-9), 1),
+        answered = round(self.answer_tokens / self.generate_s, 1) if self.generate_s > 0 else None  # None: read
+        return {"answer_tok_per_s": answered,
                 "feature_tok_per_s": round(self.tokens / max(self.feature_s, 1e-9), 1)}
 
 
@@ -114,11 +117,11 @@ def generate_texts(target, tokenizer, prompts, source: Source, deadline: float) 
 
 @torch.inference_mode()
 def batched_features(target, texts: list[torch.Tensor], layers: tuple[int, ...], topk: int, bf16: bool,
-                     feature_tokens: int, deadline: float) -> list[dict]:
+                     feature_tokens: int, deadline: float, prompt_lens: list[int] | None = None) -> list[dict]:
     """:func:`.data.features.features_of` for many texts at once: right-padded batches of about
     ``feature_tokens`` positions, one forward each; the records stay on the target's device
     (features 16-bit, :func:`.data.features.sixteen_bits`). Texts not reached by ``deadline`` are left out
-    (the first batch is always made)."""
+    (the first batch is always made). ``prompt_lens``: each text's, kept in its record (the answers' start)."""
     from ..data.features import sixteen_bits
 
     device = target.get_input_embeddings().weight.device
@@ -146,6 +149,8 @@ def batched_features(target, texts: list[torch.Tensor], layers: tuple[int, ...],
             records[i] = {"input_ids": texts[i].to(device), "hidden": sixteen_bits(hidden[row, :n]).clone(),
                           "topk_ids": top_ids[row, :n].to(torch.int32), "topk_logits": top_logits[row, :n].half(),
                           "layers": list(layers), "bf16": bool(bf16)}
+            if prompt_lens is not None:
+                records[i]["prompt_len"] = int(prompt_lens[i])
         start = end
     return [records[i] for i in sorted(records)]
 
@@ -159,7 +164,7 @@ def machine_of(device: str) -> str:
 
 
 def run_round(recipe: Recipe, out: str | Path, device: str, budget: Budget, prompts_file: Path | None = None,
-              feature_tokens: int = 16384) -> Timings:
+              feature_tokens: int = 16384, texts_dirs: tuple[Path, ...] = ()) -> Timings:
     """The round (module doc); returns its :class:`Timings` (also in ``out/round.json``)."""
     from .recipe_run import load_recipe_target
     from ..train.shared import split_records
@@ -169,9 +174,16 @@ def run_round(recipe: Recipe, out: str | Path, device: str, budget: Budget, prom
     timings = Timings(machine=machine_of(device), device=device)
     target, tokenizer = load_recipe_target(recipe, device)
     timings.load_s = round(time.time() - start, 1)
-    prompts = round_prompts(recipe, prompts_file)
     t = time.time()
-    texts = generate_texts(target, tokenizer, prompts, round_source(recipe), start + budget.generate_share * budget.seconds)
+    if texts_dirs:  # the committed answers (:mod:`..data.texts`): no generation here
+        from ..data.texts import read_texts
+
+        texts = [r for folder in texts_dirs for r in read_texts(folder)]
+        prompts = texts
+    else:
+        prompts = round_prompts(recipe, prompts_file)
+        texts = generate_texts(target, tokenizer, prompts, round_source(recipe),
+                               start + budget.generate_share * budget.seconds)
     timings.generate_s, timings.prompts_offered = round(time.time() - t, 1), len(prompts)
     timings.prompts_answered = len(texts)
     timings.answer_tokens = sum(len(r["input_ids"]) - r["prompt_len"] for r in texts)
@@ -179,7 +191,7 @@ def run_round(recipe: Recipe, out: str | Path, device: str, budget: Budget, prom
     t = time.time()
     sequences = [r["input_ids"][:spec.max_len] for r in texts]
     records = batched_features(target, sequences, spec.layers, spec.topk, spec.bf16, feature_tokens,
-                               start + budget.feature_share * budget.seconds)
+                               start + budget.feature_share * budget.seconds, [r["prompt_len"] for r in texts])
     timings.feature_s, timings.tokens = round(time.time() - t, 1), sum(len(r["input_ids"]) for r in records)
     logger.info("round: %d texts (%d answer tokens) in %.0f s; features of %d tokens in %.0f s",
                 len(texts), timings.answer_tokens, timings.generate_s, timings.tokens, timings.feature_s)
@@ -214,7 +226,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompts", type=Path, default=None, help="a JSONL of prompts instead of the source's own")
     p.add_argument("--write-prompts", type=Path, default=None,
                    help="only write the source's prompts to this JSONL (.gz: gzipped) and stop")
+    p.add_argument("--texts", type=Path, nargs="+", default=(),
+                   help="train on these folders' committed answers (opttree.distill.data.texts) instead of generating")
     p.add_argument("--feature-tokens", type=int, default=16384, help="positions per features forward")
+    p.add_argument("--feature-share", type=float, default=Budget.feature_share,
+                   help="features stop starting batches at this share of --seconds (cumulative)")
     p.add_argument("--threads", type=int, default=None)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
@@ -229,7 +245,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.out is None:
         p.error("--out is required for a round")
-    timings = run_round(recipe, args.out, args.device, Budget(args.seconds), args.prompts, args.feature_tokens)
+    timings = run_round(recipe, args.out, args.device, Budget(args.seconds, feature_share=args.feature_share), args.prompts, args.feature_tokens,
+                        args.texts)
     print(json.dumps({**asdict(timings), "rates": timings.rates()}, indent=2))
     return 0
 
