@@ -127,3 +127,21 @@ def test_round_two_prompts_are_tasks_over_the_answers(tmp_path, pair):
     answers = [tok.decode(r["input_ids"][r["prompt_len"]:], skip_special_tokens=True).strip()
                for r in T.read_texts(tmp_path)]
     assert len(over) == 6 and all(any(a and a in p.text for a in answers) for p in over)
+
+
+def test_the_committed_round_reads_back():
+    """drafts/smollm2-135m-eagle3's texts, as committed: every batch decodes, ids fit the vocabulary, the
+    counts are the round's (RECIPE.md), and the head it made keeps to the issue's 20 MB."""
+    import json
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parents[1] / "drafts" / "smollm2-135m-eagle3"
+    first, second = T.read_texts(folder / "data"), T.read_texts(folder / "data-2")
+    assert (len(first), len(second)) == (6240, 768)
+    answers = [sum(len(r["input_ids"]) - r["prompt_len"] for r in texts) for texts in (first, second)]
+    assert answers == [713812, 65215]
+    assert max(int(r["input_ids"].max()) for r in first + second) < 49152
+    assert len(T.read_jsonl_prompts(folder / "data" / T.PROMPTS_FILE)) == 8192  # 21 batches left to answer
+    assert [r["prompt_index"] for r in first] == list(range(6240))
+    assert json.loads((folder / "round.json").read_text())["prompts_answered"] == 6240 + 768
+    assert (folder / "model.safetensors").stat().st_size <= 20_000_000

@@ -20,6 +20,7 @@ QUESTIONS = Path(os.environ.get(
 OWN_PROMPTS = Path(__file__).resolve().parent / "data" / "prompts.jsonl"
 SHIPPED_DRAFT = Path(__file__).resolve().parents[1] / "drafts" / "smollm2-135m-draft"
 SHIPPED_HEAD = Path(__file__).resolve().parents[1] / "drafts" / "smollm2-135m-head"
+SHIPPED_EAGLE3 = Path(__file__).resolve().parents[1] / "drafts" / "smollm2-135m-eagle3"
 
 
 def own_prompts() -> list[str]:
@@ -90,6 +91,18 @@ def test_greedy_equality_with_the_shipped_feature_head_and_lookup(smollm2):
     head = load_draft(SHIPPED_HEAD, target)
     accepted = check_prompts(smollm2, SpeculativeGenerator(target, MixedDrafter(head), nodes=8, threshold=0.3))
     assert sum(accepted) / len(accepted) > 1.3  # the trained head (and lookup) really is accepted
+
+
+def test_greedy_equality_with_the_shipped_eagle3_head(smollm2):
+    """The EAGLE-3 head made on a CPU (issue 58): the published layout as it ships, accepted and lossless."""
+    from opttree import load_draft
+    from opttree.drafters.head.eagle import EagleHead
+
+    target, _ = smollm2
+    head = load_draft(SHIPPED_EAGLE3, target)
+    assert isinstance(head, EagleHead) and head.c.draft_vocab_size == 8192 and head.c.taps == (2, 15, 27)
+    accepted = check_prompts(smollm2, SpeculativeGenerator(target, head, nodes=8, threshold=0.3), own_prompts()[:6])
+    assert sum(accepted) / len(accepted) > 1.3  # the trained head really is accepted
 
 
 PLAIN = weakref.WeakKeyDictionary()  # target -> {prompt: its own greedy output}: each computed once a run
