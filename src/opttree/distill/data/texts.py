@@ -3,7 +3,7 @@ compact shards that a later run on another machine goes on from (issue 58, item 
 
 A folder (``drafts/<head>/data`` for a shipped head) holds::
 
-    texts.json               format, the settings every shard was made by (:class:`TextSettings`), the count
+    texts.json               the format, and the settings every shard was made by (:class:`TextSettings`)
     prompts.jsonl.gz         every prompt of the round, in the order they are answered
     texts_00000.safetensors  batch 0: ``ids`` [T] uint16 (each text's prompt then answer, end to end),
                              ``starts`` [n + 1] int64 (text i is ids[starts[i]:starts[i + 1]]),
