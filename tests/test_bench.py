@@ -366,6 +366,44 @@ def test_draft_dtype_auto_is_chosen_and_named_in_the_header(pair, tmp_path, monk
     assert "- draft_dtype: bfloat16 (auto)" in (out / "summary.md").read_text()
 
 
+
+def test_an_extra_tree_drafts_with_its_own_draft(pair, tmp_path, monkeypatch):
+    """``--opttree draft=PATH``: that method drafts with PATH's draft (loaded once, as --draft is), the others
+    with --draft; the report names it. The draft that is always right accepts more than a wrong one (the
+    control that each method used the draft it names); both outputs equal plain's."""
+    target, right = pair
+    wrong = peaked(tiny_model("llama", seed=1), scale=30.0)
+    path = tmp_path / "q.jsonl"
+    path.write_text("\n".join(json.dumps(q) for q in QUESTIONS) + "\n")
+    loads = []
+
+    def load(spec, t, dtype, device):
+        loads.append(spec)
+        return {"x": right, "y": wrong}[spec]
+
+    monkeypatch.setattr(bench_models, "load_target", lambda spec, dtype, device: (target, CharTokenizer()))
+    monkeypatch.setattr(bench_models, "load_draft_model", load)
+    out = tmp_path / "out"
+    code = cli.main(["--questions", str(path), "--draft", "x", "--quick", "--max-new-tokens", "8", "--no-progress",
+                     "--methods", "plain,opttree", "--nodes", "4", "--opttree", "draft=y", "--opttree",
+                     "nodes=3,draft=y", "--out", str(out), "--device", "cpu", "--no-plots"])
+    assert code == 0 and sorted(loads) == ["x", "y"]  # y once for both trees
+    records = [json.loads(x) for x in (out / "records.jsonl").read_text().splitlines()]
+    assert {r["method"] for r in records} == {"plain", "opttree", "opttree(draft=y)", "opttree(nodes=3,draft=y)"}
+    assert all(r["verdict"] in ("equal", None) for r in records if r["method"] != "plain")
+
+    def mean_accept(method):
+        lengths = [n for r in records if r["method"] == method for n in r["accept_lengths"]]
+        return sum(lengths) / len(lengths)
+
+    assert mean_accept("opttree") > 2.0 > mean_accept("opttree(draft=y)")
+    summary = (out / "summary.md").read_text()
+    assert "- `opttree(draft=y)`: nodes=4," in summary and "verifier=match, draft=y;" in summary
+    with pytest.raises(SystemExit) as error:  # a draft= that names no folder: refused before any model loads
+        cli.main(["--questions", str(path), "--draft", "x", "--opttree", f"draft={tmp_path / 'none'}"])
+    assert error.value.code == 2 and loads == ["x", "y"]
+
+
 @pytest.fixture
 def eager_backend(monkeypatch):
     """The compiled methods with dynamo's "eager" backend: the same graphs traced and counted, no

@@ -134,7 +134,8 @@ def parser(prog: str = "python -m opttree.bench") -> argparse.ArgumentParser:
     tree.add_argument("--verifier", default=None, help=f"one of {', '.join(verifier_names())}")
     tree.add_argument("--opttree", action="append", default=[], metavar="SPEC",
                       help="one more opttree method with these settings, e.g. 'nodes=16,threshold=0.2' (repeatable); "
-                           "'compiled=1' in it: over the compiled path, as opttree-compiled")
+                           "'compiled=1' in it: over the compiled path, as opttree-compiled; 'draft=PATH' in it: "
+                           "drafting with that draft (same forms as --draft) instead of --draft")
     hf = p.add_argument_group("HF methods")
     hf.add_argument("--prompt-lookup", type=_whole(1), default=10, help="prompt_lookup_num_tokens")
     hf.add_argument("--assistant-tokens", type=_whole(1), default=None, help="num_assistant_tokens (HF default 20)")
@@ -207,8 +208,10 @@ def runnable(args, methods: list[str], extra_trees: list) -> tuple[list[str], li
         lacking = [m for m in methods if m in NEEDS_DRAFT]
         if args.methods is not None and lacking:
             raise ValueError(f"--methods {','.join(lacking)}: needs a draft; {NO_DRAFT}, or drop it from --methods")
-        if extra_trees:
-            raise ValueError(f"--opttree {args.opttree[0]}: needs a draft; {NO_DRAFT}, or drop --opttree")
+        drafted = [spec for spec, parsed in zip(args.opttree, extra_trees) if "draft" not in parsed]
+        if drafted:
+            raise ValueError(f"--opttree {drafted[0]}: needs a draft; {NO_DRAFT}, or draft=PATH in it, or drop "
+                             "--opttree")
         if lacking:
             logger.warning("no --draft given: skipping %s (%s)", ", ".join(lacking), NO_DRAFT)
         return [m for m in methods if m not in lacking], extra_trees
@@ -243,6 +246,9 @@ def checked(args) -> tuple:
     check_target_spec(args.target)
     check_draft_spec(args.draft, "--draft")
     check_draft_spec(args.assistant, "--assistant")
+    for spec in extra_trees:
+        if "draft" in spec:
+            check_draft_spec(str(spec["draft"]), "--opttree draft=")
     check_out(args.out)
     methods, extra_trees = runnable(args, methods, extra_trees)
     plan = plan_peers(methods, venv=args.vllm_venv, target=args.target, draft=args.draft, head=args.eagle3_head,
@@ -287,6 +293,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m opttree.bench") -
         logger.info("draft dtype: %s", draft_dtype_words)
     with one_line(usage, f"--assistant {args.assistant}"):
         assistant = load_draft_model(args.assistant, target, dtype, device) if args.assistant else None
+    drafts = {}  # what --opttree draft=PATH names, each loaded once, as --draft is
+    for name in dict.fromkeys(str(spec["draft"]) for spec in extra_trees if "draft" in spec):
+        with one_line(usage, f"--opttree draft={name}"):
+            drafts[name] = load_draft_model(name, target, draft_dtype, device)
+    extra_trees = [{**spec, "draft": str(spec["draft"])} if "draft" in spec else spec for spec in extra_trees]
     if args.mix_lookup is not None and draft is not None:
         from ..drafters import MixedDrafter
 
@@ -331,7 +342,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m opttree.bench") -
                 tree={k: v for k, v in tree.items() if v is not None},
                 extra_trees=extra_trees, prompt_lookup_num_tokens=args.prompt_lookup,
                 num_assistant_tokens=args.assistant_tokens, assistant_schedule=args.assistant_schedule,
-                progress=not args.no_progress, header=header, assistant=assistant, on_record=keep,
+                progress=not args.no_progress, header=header, assistant=assistant, on_record=keep, drafts=drafts,
             )
         except PeerError as error:  # a worker that failed or ended mid-run
             usage.error(str(error))

@@ -199,13 +199,16 @@ def tree_config(tree: dict):
     return resolve(TreeArguments.of(**tree))
 
 
+SPEC_ONLY = ("compiled", "draft")  # an extra tree's keys that are no tree setting: its path, its own draft
+
+
 def check_trees(tree: dict, extra_trees: list[dict]) -> None:
     """ValueError for the first bad setting of ``tree`` (the opttree methods') or of an extra tree
-    (over ``tree``, its ``compiled`` flag aside), as :func:`opttree_method` would raise it."""
+    (over ``tree``, its ``compiled`` flag and ``draft`` aside), as :func:`opttree_method` would raise it."""
     tree_config(tree)
     for spec in extra_trees:
         try:
-            tree_config({**tree, **{k: v for k, v in spec.items() if k != "compiled"}})
+            tree_config({**tree, **{k: v for k, v in spec.items() if k not in SPEC_ONLY}})
         except ValueError as error:
             label = ",".join(f"{k}={v}" for k, v in spec.items())
             raise ValueError(f"--opttree {label}: {error}") from None
@@ -249,11 +252,13 @@ def refuse_unsupported(names) -> None:
 
 def make_methods(names, target, draft, *, tree: dict | None = None, extra_trees: list[dict] | None = None,
                  prompt_lookup_num_tokens: int = 10, num_assistant_tokens: int | None = None,
-                 assistant_schedule: str | None = None, assistant=None, max_cache_len: int = 2048) -> list[Method]:
+                 assistant_schedule: str | None = None, assistant=None, max_cache_len: int = 2048,
+                 drafts: dict | None = None) -> list[Method]:
     """Methods by name (``plain``, ``assisted``, ``lookup``, each also with ``-fast``: under opttree's
     linears' kernels; ``plain``, ``assisted``, ``opttree`` each also with ``-compiled``: over a static
     cache of ``max_cache_len`` slots, compiled; ``opttree``, ``opttree-lookup``); ``Method`` objects
-    pass through. Each dict of ``extra_trees`` adds one more opttree method.
+    pass through. Each dict of ``extra_trees`` adds one more opttree method; ``draft=NAME`` in it: that method
+    drafts with ``drafts[NAME]`` (loaded by the caller) instead of ``draft``.
     ``assistant``: the HF model for ``assisted`` (default: ``draft``, when it is an HF model; an
     EAGLE-style feature head is not one)."""
     tree = dict(tree or {})
@@ -291,11 +296,18 @@ def make_methods(names, target, draft, *, tree: dict | None = None, extra_trees:
         methods.append(with_kernel(method, target, draft) if kernel else method)
     for spec in extra_trees or []:  # "compiled=1" in a spec: that tree over the compiled path
         spec = dict(spec)
+        label = ",".join(f"{k}={v}" for k, v in spec.items() if k != "compiled")
         compiled = bool(spec.pop("compiled", 0))
-        label = ",".join(f"{k}={v}" for k, v in spec.items())
+        named = spec.pop("draft", None)
+        if named is not None and named not in (drafts or {}):
+            raise ValueError(f"--opttree draft={named}: that draft is not loaded; pass it in drafts={{{named!r}: ...}}")
         name = f"opttree{COMPILED if compiled else ''}({label})"
         extra = compiled_kwargs(target, max_cache_len) if compiled else None
-        methods.append(opttree_method(target, _need(draft, "opttree"), name=name, extra=extra, **{**tree, **spec}))
+        own = drafts[named] if named is not None else _need(draft, "opttree")
+        method = opttree_method(target, own, name=name, extra=extra, **{**tree, **spec})
+        if named is not None:
+            method.settings["draft"] = named
+        methods.append(method)
     return methods
 
 

@@ -132,7 +132,7 @@ def run_bench(target, draft, tokenizer, questions: Sequence, *,
               tree: dict | None = None, extra_trees: list[dict] | None = None, prompt_lookup_num_tokens: int = 10,
               num_assistant_tokens: int | None = None, assistant_schedule: str | None = None,
               progress: bool = True, header: dict | None = None, assistant=None,
-              on_record: Callable[[TurnRecord], None] | None = None) -> BenchResult:
+              on_record: Callable[[TurnRecord], None] | None = None, drafts: dict | None = None) -> BenchResult:
     """Benchmark already-loaded models on Spec-Bench-style questions; returns a BenchResult.
 
     target, draft: causal LMs (draft may be None if no method needs one, and may be an EAGLE-style
@@ -144,6 +144,7 @@ def run_bench(target, draft, tokenizer, questions: Sequence, *,
     warmup: runs of every method on the first question's first turn, not recorded; their seconds and
     the graphs they compiled go to the header (``warmup``), apart from the timed runs.
     on_record: called with each record as soon as its turn is judged (a run cut short keeps those).
+    drafts: the drafts that extra trees name (``draft=NAME`` in one of ``extra_trees``), loaded, by name.
     """
     methods = list(methods)
     names = [m.name if isinstance(m, Method) else m for m in methods]
@@ -156,7 +157,7 @@ def run_bench(target, draft, tokenizer, questions: Sequence, *,
     methods = make_methods(methods, target, draft, tree=tree, extra_trees=extra_trees,
                            prompt_lookup_num_tokens=prompt_lookup_num_tokens,
                            num_assistant_tokens=num_assistant_tokens, assistant_schedule=assistant_schedule,
-                           assistant=assistant,
+                           assistant=assistant, drafts=drafts,
                            max_cache_len=context_slots(tokenizer, questions, max_new_tokens, max_turns))
     if len({m.name for m in methods}) != len(methods):
         raise ValueError(f"method names must be unique, got {[m.name for m in methods]}")
