@@ -192,6 +192,34 @@ def test_after_a_tie_the_continuation_is_checked_too(monkeypatch):
     assert verdict.mismatch.step == 4 and verdict.mismatch.gap > verdict.mismatch.bound
 
 
+
+def test_methods_parting_at_the_same_tie_share_plains_reruns(monkeypatch):
+    """The bench judges a turn's methods with one PlainReruns: two outputs that part from plain at the same
+    tie are judged as each alone is (a tie; a wrong token after it still a mismatch), and plain is rerun
+    from the prompt and from the tied prefix once for both, not once each (the control: unshared, 2 each)."""
+    from opttree.bench.runner import PlainReruns, judge, judge_kwargs
+
+    target, a, b = tied_target(torch.bfloat16)
+    monkeypatch.setattr(walking, "greedy_walk", nudged_walk(b))
+    ids = prompt(0)
+    tokens = opttree_tokens(target, target, ids)
+    plain = plain_greedy(target, ids, max_new_tokens=16).tokens
+    assert tokens[0] == b and plain[0] == a
+    after = torch.cat([ids, torch.tensor([tokens[:4]])], 1)
+    wrong = int(plain_greedy(target, after, max_new_tokens=1).scores[0].topk(10).indices[-1])
+    bad = tokens[:4] + [wrong] + tokens[5:]
+    alone = [judge(target, ids, out, plain, 16) for out in (tokens, bad)]
+    reruns = PlainReruns(target, judge_kwargs(target, ids, 16))
+    shared = [judge(target, ids, out, plain, 16, reruns) for out in (tokens, bad)]
+    assert [v.outcome for v in shared] == [v.outcome for v in alone] == [Outcome.TIE, Outcome.MISMATCH]
+    assert shared == alone
+    assert reruns.made == 2  # from the prompt, and from the prefix [b]: shared by both outputs
+    unshared = PlainReruns(target, judge_kwargs(target, ids, 16)), PlainReruns(target, judge_kwargs(target, ids, 16))
+    for out, own in zip((tokens, bad), unshared):
+        judge(target, ids, out, plain, 16, own)
+    assert [own.made for own in unshared] == [2, 2]
+
+
 # -- float32: near-ties engineered in the LM head ---------------------------------------------------
 
 def near_tie_target(family: str, seed: int):

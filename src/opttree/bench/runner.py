@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..tools.ties import Outcome, Verdict, check_greedy, classify, plain_greedy
+from ..tools.ties import Outcome, PlainGreedy, Verdict, check_greedy, classify, plain_greedy
 from ..tools.ties import first_divergence as first_difference
 from .methods import Method, greedy_kwargs, make_methods
 from .questions import Question, as_question, prompt_ids
@@ -28,21 +28,47 @@ from .report import BenchResult, environment
 logger = logging.getLogger(__name__)
 
 
+class PlainReruns:
+    """Plain greedy generate() with its scores, from one prompt or a prefix of it, each run once (untimed):
+    the methods of a turn that part from plain at the same ties share the reruns that judge them. One per
+    turn: its runs hold [new tokens, vocab] scores each."""
+
+    def __init__(self, target, generate_kwargs: dict):
+        self.target, self.kwargs = target, generate_kwargs
+        self.runs: dict[tuple, PlainGreedy] = {}
+        self.made = 0  # reruns made (the rest were shared)
+
+    def __call__(self, prefix: torch.Tensor, new_tokens: int) -> PlainGreedy:  # prefix: [1, T'] long
+        key = (tuple(prefix[0].tolist()), new_tokens)
+        if key not in self.runs:
+            self.runs[key] = plain_greedy(self.target, prefix, max_new_tokens=new_tokens, **self.kwargs)
+            self.made += 1
+        return self.runs[key]
+
+
+def judge_kwargs(target, input_ids: torch.Tensor, max_new_tokens: int) -> dict:
+    """The generate() arguments plain's reruns take (greedy_kwargs less the mask and the length)."""
+    kwargs = greedy_kwargs(target, input_ids, max_new_tokens)
+    return {k: v for k, v in kwargs.items() if k not in ("attention_mask", "max_new_tokens")}
+
+
 def judge(target, input_ids: torch.Tensor, tokens: list[int], plain_tokens: list[int],
-          max_new_tokens: int) -> Verdict:
+          max_new_tokens: int, reruns: PlainReruns | None = None) -> Verdict:
     """A method's new tokens against plain's. Where they differ, plain generate() is rerun (untimed)
     with its scores kept, and the difference judged by :func:`opttree.tools.ties.check_greedy`, in
-    float32 as in bfloat16 and float16 (the tie bound scales with the dtype's eps).
+    float32 as in bfloat16 and float16 (the tie bound scales with the dtype's eps). reruns: the turn's
+    :class:`PlainReruns`, shared by its methods (default: a new one).
     input_ids: [1, T] long, the turn's prompt."""
     if tokens == plain_tokens:
         return classify(plain_tokens, tokens, None, target.dtype)
-    kwargs = greedy_kwargs(target, input_ids, max_new_tokens)
-    kwargs = {k: v for k, v in kwargs.items() if k not in ("attention_mask", "max_new_tokens")}
-    plain = plain_greedy(target, input_ids, max_new_tokens=max_new_tokens, **kwargs)
+    kwargs = judge_kwargs(target, input_ids, max_new_tokens)
+    reruns = reruns or PlainReruns(target, kwargs)
+    plain = reruns(input_ids, max_new_tokens)
     if plain.tokens != plain_tokens:
         logger.error("plain generate() gave other tokens when run again on the same prompt: no tie can be judged")
         return classify(plain_tokens, tokens, None, target.dtype)
-    return check_greedy(target, input_ids, tokens, max_new_tokens=max_new_tokens, plain=plain, **kwargs)
+    return check_greedy(target, input_ids, tokens, max_new_tokens=max_new_tokens, plain=plain, rerun=reruns,
+                        **kwargs)
 
 
 def _sync(device) -> None:
@@ -195,10 +221,12 @@ def run_bench(target, draft, tokenizer, questions: Sequence, *,
                 if bar is not None:
                     bar.update(1)
             plain = by_name[reference.name]
+            reruns = PlainReruns(target, judge_kwargs(target, input_ids, max_new_tokens))  # this turn's
             for method in methods:
                 record = by_name[method.name]
                 if method is not reference:
-                    compare(record, plain, judge(target, input_ids, record.tokens, plain.tokens, max_new_tokens))
+                    compare(record, plain, judge(target, input_ids, record.tokens, plain.tokens, max_new_tokens,
+                                                 reruns))
                 records.append(record)
                 if on_record is not None:
                     on_record(record)

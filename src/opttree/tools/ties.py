@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from enum import Enum
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -164,7 +164,7 @@ def _eos_ids(model, generate_kwargs: dict) -> set[int]:
 
 def check_greedy(model, input_ids: torch.Tensor, tokens: Sequence[int], *, max_new_tokens: int,
                  max_ties: int = 8, eps_multiple: float = TIE_EPS_MULTIPLE, plain: PlainGreedy | None = None,
-                 **generate_kwargs) -> Verdict:
+                 rerun: Callable[[torch.Tensor, int], PlainGreedy] | None = None, **generate_kwargs) -> Verdict:
     """Check ``tokens`` (the new tokens of a greedy output for the prompt input_ids [1, T]) against
     the target ``model``'s own greedy decoding, in the model's dtype.
 
@@ -172,11 +172,16 @@ def check_greedy(model, input_ids: torch.Tensor, tokens: Sequence[int], *, max_n
     context, so what follows is checked against plain greedy from the output's own prefix up to and
     including the tied token, again by the rule, and so on: every divergence must be a tie, up to
     ``max_ties`` of them (more: a MISMATCH, as a run of "ties" is no longer rounding). A tied EOS
-    token ends the check. plain: plain's run on input_ids if already made (e.g. by a benchmark)."""
+    token ends the check. plain: plain's run on input_ids if already made (e.g. by a benchmark). rerun(prefix
+    [1, T'] long, n): plain greedy from ``prefix`` for n new tokens, as :func:`plain_greedy` runs it (the default);
+    a benchmark passes one that keeps its runs, so that methods parting from plain at the same ties share them."""
     dtype = model.dtype
     tokens = list(tokens)
     eos = _eos_ids(model, generate_kwargs)
-    plain = plain or plain_greedy(model, input_ids, max_new_tokens=max_new_tokens, **generate_kwargs)
+    if rerun is None:
+        def rerun(prefix: torch.Tensor, n: int) -> PlainGreedy:
+            return plain_greedy(model, prefix, max_new_tokens=n, **generate_kwargs)
+    plain = plain or rerun(input_ids, max_new_tokens)
     done, ties = 0, []  # tokens already checked; the ties found so far
     while True:
         verdict = classify(plain.tokens, tokens[done:], plain.scores, dtype, eps_multiple)
@@ -196,7 +201,7 @@ def check_greedy(model, input_ids: torch.Tensor, tokens: Sequence[int], *, max_n
             return Verdict(Outcome.TIE, tuple(ties))
         agreed = torch.tensor([tokens[:done]], dtype=input_ids.dtype, device=input_ids.device)  # [1, done]
         prefix = torch.cat([input_ids, agreed], 1)  # [1, T + done]
-        plain = plain_greedy(model, prefix, max_new_tokens=max_new_tokens - done, **generate_kwargs)
+        plain = rerun(prefix, max_new_tokens - done)
 
 
 def shift(divergence: Divergence, offset: int) -> Divergence:
