@@ -253,6 +253,7 @@ def test_first_difference_and_helpers():
     assert first_difference([1, 2, 3], [1, 5, 3]) == 1
     assert first_difference([1, 2], [1, 2, 3]) == 2
     assert parse_tree_spec("nodes=16, threshold=0.25,strategy=opt") == {"nodes": 16, "threshold": 0.25, "strategy": "opt"}
+    assert parse_tree_spec("nodes=4,draft=2") == {"nodes": 4, "draft": "2"}  # a draft is a path, never a number
     with pytest.raises(ValueError):
         parse_tree_spec("nodes")
     recorder = StepRecorder()

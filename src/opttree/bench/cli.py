@@ -248,7 +248,7 @@ def checked(args) -> tuple:
     check_draft_spec(args.assistant, "--assistant")
     for spec in extra_trees:
         if "draft" in spec:
-            check_draft_spec(str(spec["draft"]), "--opttree draft=")
+            check_draft_spec(spec["draft"], "--opttree draft=")
     check_out(args.out)
     methods, extra_trees = runnable(args, methods, extra_trees)
     plan = plan_peers(methods, venv=args.vllm_venv, target=args.target, draft=args.draft, head=args.eagle3_head,
@@ -294,10 +294,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m opttree.bench") -
     with one_line(usage, f"--assistant {args.assistant}"):
         assistant = load_draft_model(args.assistant, target, dtype, device) if args.assistant else None
     drafts = {}  # what --opttree draft=PATH names, each loaded once, as --draft is
-    for name in dict.fromkeys(str(spec["draft"]) for spec in extra_trees if "draft" in spec):
+    for name in dict.fromkeys(spec["draft"] for spec in extra_trees if "draft" in spec):
         with one_line(usage, f"--opttree draft={name}"):
             drafts[name] = load_draft_model(name, target, draft_dtype, device)
-    extra_trees = [{**spec, "draft": str(spec["draft"])} if "draft" in spec else spec for spec in extra_trees]
     if args.mix_lookup is not None and draft is not None:
         from ..drafters import MixedDrafter
 

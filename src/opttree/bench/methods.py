@@ -215,13 +215,17 @@ def check_trees(tree: dict, extra_trees: list[dict]) -> None:
 
 
 def parse_tree_spec(spec: str) -> dict:
-    """``"nodes=30,threshold=0.2,strategy=opt"`` -> TreeConfig arguments (numbers converted)."""
+    """``"nodes=30,threshold=0.2,strategy=opt"`` -> TreeConfig arguments (numbers converted; ``draft``, a path,
+    kept as written)."""
     out = {}
     for part in filter(None, (p.strip() for p in spec.split(","))):
         key, sep, value = part.partition("=")
         if not sep:
             raise ValueError(f"bad tree setting {part!r}: write key=value, e.g. nodes=30")
         key = key.strip().replace("-", "_")
+        if key == "draft":
+            out[key] = value.strip()
+            continue
         for cast in (int, float):
             try:
                 out[key] = cast(value)

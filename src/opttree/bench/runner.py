@@ -61,14 +61,13 @@ def judge(target, input_ids: torch.Tensor, tokens: list[int], plain_tokens: list
     input_ids: [1, T] long, the turn's prompt."""
     if tokens == plain_tokens:
         return classify(plain_tokens, tokens, None, target.dtype)
-    kwargs = judge_kwargs(target, input_ids, max_new_tokens)
-    reruns = reruns or PlainReruns(target, kwargs)
+    reruns = reruns or PlainReruns(target, judge_kwargs(target, input_ids, max_new_tokens))
     plain = reruns(input_ids, max_new_tokens)
     if plain.tokens != plain_tokens:
         logger.error("plain generate() gave other tokens when run again on the same prompt: no tie can be judged")
         return classify(plain_tokens, tokens, None, target.dtype)
     return check_greedy(target, input_ids, tokens, max_new_tokens=max_new_tokens, plain=plain, rerun=reruns,
-                        **kwargs)
+                        **reruns.kwargs)
 
 
 def _sync(device) -> None:
