@@ -13,8 +13,8 @@ from opttree import TreeConfig, speculative_generate
 from opttree.budget import calibration, calibration_file, policy as policy_module, timing
 from opttree.budget import latency as latency_module
 from opttree.budget.latency import LatencyModel, LatencyTable
-from opttree.budget.policy import (AutoPolicy, best_choice, best_size, expected_speed, layer_pays, layer_width,
-                                   next_layer_guess)
+from opttree.budget.policy import (AutoPolicy, as_calibrated, best_choice, best_size, expected_speed, layer_pays,
+                                   layer_width, next_layer_guess)
 from opttree.integration import prepare as integration  # the preparation: where a call meets its policy
 from opttree.tree.plan import FixedPolicy, LayerState, StepPlan
 from opttree.tree.builder import build_opt_tree
@@ -706,7 +706,7 @@ class FakeRig:
     def __init__(self, a: float, b: float, calls: list):
         self.a, self.b, self.calls = a, b, calls
 
-    def __call__(self, target, prefix, forward=None, hidden=False):
+    def __call__(self, target, prefix, forward=None, hidden=False, slots=None):
         return self
 
     def run(self, n: int) -> float:
@@ -805,6 +805,23 @@ def test_without_the_clock_per_size_auto_keeps_the_calibrations_choice(monkeypat
         monkeypatch.setattr(latency_module, name, 10**9)
     sizes = decode_on_the_clock(calibrated_model(), 300)
     assert set(sizes[1:]) == {15}
+
+
+def test_a_compiled_forwards_model_verifies_only_at_the_sizes_calibration_timed():
+    """A compiled verification forward: every size is a graph, compiled at its first forward (tens of seconds on a
+    CPU), so decoding verifies only at the sizes calibration timed (and compiled): a smaller tree is padded to the
+    nearest of them, a larger one is priced out, and no probe goes elsewhere. Control: the same model eager finds
+    decoding's fastest size, 3 nodes, which calibration never timed."""
+    latency = calibrated_model()
+    latency.measured_only = True
+    sizes = decode_on_the_clock(latency, 300)
+    assert set(sizes) == {0, 15} or set(sizes) == {15}, sorted(set(sizes))
+    assert [latency.verify_rows(n) for n in (0, 1, 3, 7, 15)] == [1, 16, 16, 16, 16]
+    assert latency.verify_time(16) == float("inf") and latency.verify_time(63) == float("inf")
+    assert all(latency.probe(15) in (0, 15) for _ in range(2 * latency_module.PROBE_AGAIN))
+    assert as_calibrated(latency).measured_only  # what a sampled call plans from keeps the rule
+    eager = calibrated_model()
+    assert truth_best() in decode_on_the_clock(eager, 300)[-40:]  # control
 
 
 def test_a_size_is_priced_by_the_clock_from_its_third_step_and_probes_follow_the_schedule():

@@ -291,3 +291,41 @@ def test_auto_calibrates_through_the_compiled_forward_and_decoding_reuses_its_gr
     target.generate(PROMPT, max_new_tokens=12, do_sample=False, custom_generate=speculative_generate,
                     draft_model=target)  # a CPU by default: eager
     assert [k for k, _ in seen] == ["compiled", "eager"] and len(list(tmp_path.glob("*.json"))) == 2
+
+
+@pytest.mark.parametrize("same_slots", [True, False])
+def test_compiled_auto_compiles_no_graph_while_decoding(same_slots, tmp_path, monkeypatch):
+    """nodes="auto" over a compiled verification: calibration compiles the sizes it times, on a static cache as
+    long as decoding's (a user's of 128 slots here, not a short call's MIN_SLOTS: a graph is made for one cache
+    length), and decoding compiles no graph: it verifies only at those sizes (budget.latency, ``measured_only``).
+    Calibration is held to two sizes, as a CPU's budget holds about two at a 1 B target; the draft is the target,
+    so every node is right and an unbounded auto would want every size. Control (``same_slots=False``):
+    calibration on a MIN_SLOTS cache, as before; decoding compiles its sizes again."""
+    from opttree.budget import calibration, timing
+    from opttree.integration import prepare
+
+    monkeypatch.setenv("OPTTREE_CALIBRATION_DIR", str(tmp_path))
+    calibration.clear_calibrations()
+    if not same_slots:
+        monkeypatch.setattr(prepare, "decoding_slots", lambda cache, need: None)
+    target, recorder = sharp("llama"), Recorder()
+    real, calibrated = timing.measure_verify_budgeted, []
+
+    def two_sizes(*args, **kwargs):
+        table = real(*args, **{**kwargs, "order": (0, 15)})
+        calibrated.extend(recorder.rows)
+        return table
+
+    monkeypatch.setattr(timing, "measure_verify_budgeted", two_sizes)
+    cache = StaticCache(config=target.config, max_cache_len=128)
+    out = target.generate(PROMPT, max_new_tokens=40, do_sample=False, custom_generate=speculative_generate,
+                          draft_model=target, compile_config=forced(recorder), return_dict_in_generate=True,
+                          **{GENERATE_CACHE_NAME: cache})
+    assert torch.equal(out.sequences, target.generate(PROMPT, max_new_tokens=40, do_sample=False))
+    assert sorted(set(calibrated)) == [1, 16], recorder.rows
+    assert set(out.stats.tree_sizes) <= {0, 15}, out.stats.tree_sizes  # only the sizes calibration compiled
+    decoding = recorder.rows[len(calibrated):]
+    if same_slots:
+        assert decoding == [], recorder.rows  # no graph compiled while decoding
+    else:
+        assert decoding, recorder.rows  # control: the graphs of a MIN_SLOTS cache do not serve 128 slots

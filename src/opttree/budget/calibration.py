@@ -116,12 +116,14 @@ def calibration_key(target, drafter, prefix: int | None = None, forward=None) ->
 
 def calibrate(target, drafter=None, new_drafter: Callable[[], object] | None = None, *,
               folder: Path | None = None, mode: str | None = None, prefix: int | None = None,
-              forward=None, kernels=()) -> LatencyModel:
+              forward=None, kernels=(), slots: int | None = None) -> LatencyModel:
     """The LatencyModel of this (target, drafter) pair on this machine: from this process's
     memory, else from the on-disk cache, else measured (and written). ``drafter`` names the pair
     (its fingerprint), ``new_drafter()`` makes a scratch drafter to time; ``forward`` is the
     verification forward decoding runs (compiled or eager: timed as it runs), ``kernels`` the modules whose
-    few-row linears decoding runs through opttree's CPU kernels (timed so: :func:`~.timing.measure`).
+    few-row linears decoding runs through opttree's CPU kernels (timed so: :func:`~.timing.measure`), ``slots``
+    the static cache decoding runs a compiled forward on (calibration's graphs are made on one as long: they
+    are decoding's). A compiled forward's model verifies only at the sizes timed (``measured_only``).
     ``folder`` / ``mode`` default to :func:`~.calibration_file.cache_dir` / :func:`~.calibration_file.cache_mode`,
     ``prefix`` to :func:`calibration_prefix`. Every generate() call of the process shares (and refreshes) the
     returned object; calls from several threads measure one at a time, and a pair is measured once
@@ -142,7 +144,10 @@ def calibrate(target, drafter=None, new_drafter: Callable[[], object] | None = N
         if known is not None:
             return known
         latency = stored(key, folder, mode, lambda: measure(target, new_drafter, prefix, forward,
-                                                            hidden=drafter.wants_hidden_states, kernels=kernels))
+                                                            hidden=drafter.wants_hidden_states, kernels=kernels,
+                                                            slots=slots))
+        # compiled: decoding verifies only at the sizes timed, whose graphs calibration compiled (on ``slots``)
+        latency.measured_only = key["forward"] == "compiled"
         latency.calibrated = as_calibrated(latency)  # as measured or read: sampled calls plan from it
         with _pairs_lock:
             _PAIRS[digest] = latency
@@ -167,17 +172,19 @@ def prefix_within(context: int | None) -> int | None:
 
 
 def policy_maker(config: TreeConfig, target, drafter=None, new_drafter: Callable[[], object] | None = None,
-                 forward=None, *, sampling: bool = False, kernels=()) -> Callable[[], BudgetPolicy]:
+                 forward=None, *, sampling: bool = False, kernels=(), slots: int | None = None
+                 ) -> Callable[[], BudgetPolicy]:
     """Makes the step policy of each batch row for ``config``: :class:`FixedPolicy`, or for
     ``nodes``/``threshold="auto"`` an :class:`AutoPolicy` on the latency model of ``target`` and
     the drafter (see :func:`calibrate`: measured once, through ``forward``,
     shared by every row and later call, and refreshed by their timings). ``sampling``: the call samples,
     so its trees must not depend on the clock nor on earlier calls (DESIGN.md, *Seeded sampling repeats*):
-    its rows share one copy of the calibration as measured
+    ``slots``: the static cache a compiled ``forward`` decodes on (see :func:`calibrate`).
+    Its rows share one copy of the calibration as measured
     (:func:`~opttree.budget.policy.as_calibrated`) and plan untimed."""
     if config.nodes != "auto" and config.threshold != "auto":
         return lambda: FixedPolicy(config)
-    latency = calibrate(target, drafter, new_drafter, forward=forward, kernels=kernels)
+    latency = calibrate(target, drafter, new_drafter, forward=forward, kernels=kernels, slots=slots)
     if sampling:
         own = as_calibrated(latency)
         return lambda: AutoPolicy(config, own, timed=False)

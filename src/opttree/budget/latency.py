@@ -122,6 +122,10 @@ class LatencyModel:
     # the sizes of ``verify`` that were timed; the others are fitted until a step verifies at them
     # (then the step's time replaces the fit). None: every size was timed
     verify_measured: frozenset | None = None
+    # verify only at the sizes calibration timed (``verify_measured``): a compiled verification forward, where
+    # any other size would compile a graph while decoding (tens of seconds on a CPU); a tree is padded to the
+    # nearest of them, and a tree larger than the largest is priced out (T = inf)
+    measured_only: bool = False
     # fitted sizes a step has verified at once: that first forward warmed them (a compile, kernel trials)
     verify_warmed: set = dataclasses.field(default_factory=set, repr=False, compare=False)
     layer: LatencyTable | None = None  # one drafter.expand_probs() over w nodes; None: not measured yet
@@ -147,8 +151,15 @@ class LatencyModel:
     _times: tuple | None = dataclasses.field(default=None, init=False, repr=False, compare=False)
 
     def verify_time(self, n: int) -> float:
-        """T(n): a verification forward of the root and ``n`` nodes, at the size it is padded to."""
-        return self.size_time(self._padding(n)[0])
+        """T(n): a verification forward of the root and ``n`` nodes, at the size it is padded to (inf where
+        :attr:`measured_only` leaves no size that holds it)."""
+        priced = self._padding(n)[0]
+        return self.size_time(priced) if self.may_verify_at(priced) else float("inf")
+
+    def may_verify_at(self, size: int) -> bool:
+        """Whether a step may verify at table size ``size``: any size, or with :attr:`measured_only` one that
+        calibration timed."""
+        return not self.measured_only or self.verify_measured is None or size in self.verify_measured
 
     def size_time(self, size: float) -> float:
         """The seconds of a verification at table size ``size``: decoding's clock there once it has counted
@@ -171,7 +182,7 @@ class LatencyModel:
         if nodes <= 0 or self.steps == 0:
             return nodes
         chosen = self._padding(nodes)[0]
-        below = [x for x in self.verify.sizes if x < chosen]
+        below = [x for x in self.verify.sizes if x < chosen and self.may_verify_at(x)]
         if not below:
             return nodes
         # open: not priced by the clock yet, and a tree of that size would be verified there (not padded to a
@@ -194,10 +205,10 @@ class LatencyModel:
 
     def _padding(self, n: int) -> tuple[float, int]:
         """(the node count whose time prices ``n`` nodes, the rows to pad to): the measured size, at or
-        above ``n``'s padded size, with the least time (the smallest on ties); beyond the table, its own
-        padded size."""
+        above ``n``'s padded size, with the least time (the smallest on ties), among those a step may verify
+        at (:meth:`may_verify_at`); beyond them, its own padded size."""
         base = padded_nodes(n)
-        xs = self.verify.sizes
+        xs = [x for x in self.verify.sizes if self.may_verify_at(x)]
         later = [(self.size_time(x), x) for x in xs if x >= base]
         if not later or base > xs[-1]:
             return base, base + 1

@@ -139,7 +139,7 @@ def as_calibrated(latency: LatencyModel) -> LatencyModel:
     refreshed since; nothing learnt."""
     base = latency.calibrated or latency
     return LatencyModel(verify=base.verify, verify_measured=base.verify_measured, layer=base.layer,
-                        root_seconds=base.root_seconds)
+                        root_seconds=base.root_seconds, measured_only=base.measured_only)
 
 
 class AutoPolicy:

@@ -40,14 +40,15 @@ DRAFTER_REPEATS = 3  # timed rounds of the drafter's protocol
 
 
 def measure(target, new_drafter: Callable[[], object] | None, prefix: int = CALIBRATION_PREFIX,
-            forward=None, hidden: bool = False, kernels=()) -> LatencyModel:
+            forward=None, hidden: bool = False, kernels=(), slots: int | None = None) -> LatencyModel:
     """A fresh LatencyModel: T(n) on the target, through ``forward`` (the verification forward decoding
     runs; ``hidden``: it returns the hidden states), the sizes not timed fitted; the drafter through a
     scratch one from ``new_drafter()`` (without one, or if timing it fails, the draft cost is learnt
     from the steps). ``kernels``: the modules whose few-row linears run through opttree's CPU kernels
-    while it times (:func:`opttree.kernels.linears.fast_linears`), as in the decoding loops."""
+    while it times (:func:`opttree.kernels.linears.fast_linears`), as in the decoding loops. ``slots``: the
+    static cache a compiled ``forward`` decodes on (:class:`VerifyRig`)."""
     with linears.fast_linears(*kernels, on=bool(kernels)):
-        timed = measure_verify_budgeted(target, prefix=prefix, forward=forward, hidden=hidden)
+        timed = measure_verify_budgeted(target, prefix=prefix, forward=forward, hidden=hidden, slots=slots)
         drafted = None if new_drafter is None else time_drafter(new_drafter, target, prefix)
     latency = LatencyModel(verify=complete_table(timed, VERIFY_NODES), verify_measured=frozenset(timed.sizes))
     if drafted is not None:
@@ -94,12 +95,12 @@ class VerifyRig:
     root and ``n`` tree nodes (children of the root, padded to their verification size; a sliding-window
     or chunked layer holding its window, masked per layer type), the cache cropped back after it; its seconds."""
 
-    def __init__(self, target, prefix: int, forward=None, hidden: bool = False):
+    def __init__(self, target, prefix: int, forward=None, hidden: bool = False, slots: int | None = None):
         self.prefix, self.dtype, self.device = prefix, target.dtype, target.device
         self.vocab = int(target.get_input_embeddings().weight.shape[0])
         self.layout = MaskLayout.of(target.config)
         self.inputs: dict[int, ForwardInputs] = {}
-        self.scratch = ScratchTarget.of(target, prefix, forward, hidden)
+        self.scratch = ScratchTarget.of(target, prefix, forward, hidden, slots)
 
     @property
     def cache(self):
@@ -162,7 +163,7 @@ def warm_then_time(rig: "VerifyRig", n: int, most: int = 4) -> tuple[float, int]
 
 def measure_verify_budgeted(target, prefix: int = CALIBRATION_PREFIX, order=TIMING_ORDER,
                             forwards: float = BUDGET_FORWARDS, seconds: float = BUDGET_SECONDS, forward=None,
-                            hidden: bool = False) -> LatencyTable:
+                            hidden: bool = False, slots: int | None = None) -> LatencyTable:
     """T(n) at as many sizes of ``order`` as a budget allows: each size warmed (:func:`warm_then_time`)
     then timed, in ``order``, the first two always, a next one only where the time spent so far plus
     its predicted cost stays within max(``forwards`` × T(the first), ``seconds``); then more timed rounds
@@ -171,8 +172,8 @@ def measure_verify_budgeted(target, prefix: int = CALIBRATION_PREFIX, order=TIMI
     most REPEATS rounds in all, the fastest of each size kept. Time is counted in
     steady forwards (a warm-up at its size's timed cost): what a size's first forwards pay once (a
     kernel's trials and packed weights, a compile) decoding would pay at its first step there too.
-    ``forward``, ``hidden``: as :class:`VerifyRig`. -> the table of the sizes timed."""
-    rig = VerifyRig(target, prefix, forward, hidden)
+    ``forward``, ``hidden``, ``slots``: as :class:`VerifyRig`. -> the table of the sizes timed."""
+    rig = VerifyRig(target, prefix, forward, hidden, slots)
     times: dict[int, list[float]] = {}
     spent, budget, warming = 0.0, None, False
     for n in order:

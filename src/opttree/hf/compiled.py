@@ -151,22 +151,25 @@ class ScratchTarget:
     dropped: dict[int, int]  # {window: slots dropped before those held} (kv_cache.window_offsets)
 
     @classmethod
-    def of(cls, target, prefix: int, forward: VerifyForward | None = None, hidden: bool = False) -> "ScratchTarget":
+    def of(cls, target, prefix: int, forward: VerifyForward | None = None, hidden: bool = False,
+           slots: int | None = None) -> "ScratchTarget":
         """``target`` prefilled with ``prefix`` made-up tokens; ``forward``: the verification forward decoding
-        runs (compiled: on a static cache of a short call's size, so the graphs it compiles are decoding's too)."""
+        runs (compiled: on a static cache of ``slots`` slots, decoding's, default a short call's MIN_SLOTS, so
+        the graphs it compiles are decoding's too: a graph is made for one cache length)."""
         forward = forward if forward is not None and forward.compiles else None
         # made as decoding's: a static cache outside inference mode (integration/prepare.py), its keys and
         # values allocated by the prefill inside it; a compiled graph guards on which tensors are inference ones
         if forward is None:
             cache = kv_cache.new_cache(target)
-        else:  # the size of a short call's: the graphs it compiles are decoding's too
-            cache = StaticCache(config=target.config, max_cache_len=MIN_SLOTS)
+        else:  # decoding's size (or a short call's): the graphs it compiles are decoding's too
+            slots = slots or MIN_SLOTS
+            cache = StaticCache(config=target.config, max_cache_len=slots)
         vocab = int(target.get_input_embeddings().weight.shape[0])
         with torch.inference_mode():
             ids = (torch.arange(prefix, dtype=torch.long) * 7 % vocab)[None, :].to(target.device)
             target(input_ids=ids, **with_cache(target, cache), use_cache=True, logits_to_keep=1)
             kv_cache.keep_slots(cache, prefix, [])  # a sliding window's layers keep the window, as after a step
-        return cls(target, cache, prefix, forward, hidden, None if forward is None else MIN_SLOTS,
+        return cls(target, cache, prefix, forward, hidden, None if forward is None else slots,
                    kv_cache.window_offsets(cache))
 
     def run(self, inputs: VerifyInputs) -> float:

@@ -127,15 +127,22 @@ class TreeCache:
                 _ordinary(layer)
 
 
+def decoding_slots(cache, need: CacheNeed) -> int | None:
+    """The slots a static ``cache``'s full layers hold while decoding (what :func:`open_cache` sizes them to,
+    and a compiled forward's graphs are made for): as many as they hold where that is room enough, else
+    :func:`~opttree.hf.compiled.cache_slots` (one size for every prompt length); None: a cache that grows."""
+    if not kv_cache.is_static(cache):
+        return None
+    held = max([layer.max_cache_len for layer in _full_static_layers(cache)], default=0)
+    return held if held >= need.room else cache_slots(need.room)
+
+
 def open_cache(cache, need: CacheNeed) -> TreeCache:
     """``cache`` (checked by :func:`check_cache`) ready for trees: every layer keeps every slot."""
     opened = TreeCache(cache)
-    slots = None
-    if kv_cache.is_static(cache):
-        full = _full_static_layers(cache)
-        held = max([layer.max_cache_len for layer in full], default=0)
-        slots = held if held >= need.room else cache_slots(need.room)  # one size for every prompt length
-        for layer in full:
+    slots = decoding_slots(cache, need)
+    if slots is not None:
+        for layer in _full_static_layers(cache):
             if not layer.is_initialized:  # nothing allocated yet: the tensors are made at the first forward, this long
                 layer.max_cache_len = slots
     slack = need.depth + 1 if need.rows == 1 else None  # one row: the window, and the last step's path
@@ -187,4 +194,4 @@ def _ordinary(layer) -> None:
 
 
 __all__ = ["CacheNeed", "HONOURED_IMPLEMENTATIONS", "IMPLEMENTATION_FIX", "OBJECT_FIX", "TreeCache", "check_cache",
-           "implementation_refused", "open_cache"]
+           "decoding_slots", "implementation_refused", "open_cache"]

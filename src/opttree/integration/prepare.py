@@ -21,7 +21,7 @@ from ..budget import calibration
 from ..drafters import make_drafter
 from ..drafters.base import DrafterRows
 from ..hf.compiled import VerifyForward
-from ..hf.tree_cache import TreeCache, check_cache, open_cache
+from ..hf.tree_cache import TreeCache, check_cache, decoding_slots, open_cache
 from ..hf.validation import check_generation_mode, check_inputs, check_weights, context_length
 from ..loading import prepare_draft
 from ..loop.settings import DecodeSettings
@@ -111,7 +111,7 @@ def prepare(model, call: GenerateCall, options: Options) -> DecodeCall:
     # nodes/threshold="auto": measure this machine (a scratch drafter of the same kind is timed): the only
     # forwards before decoding, after every check; timed as decoding runs (its forward, its kernels)
     policy = calibration.policy_maker(config, model, drafter, drafter.fresh, forward=verify, sampling=sampling,
-                                      kernels=kernels)
+                                      kernels=kernels, slots=decoding_slots(cache, need))
     opened = open_cache(cache, need)
     settings = DecodeSettings.of(config, config_in, call.logits_processor, call.stopping_criteria,
                                  max_length=max_length, context_length=max_context, streamer=options.streamer,
