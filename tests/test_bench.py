@@ -94,6 +94,11 @@ def test_records_are_well_formed_and_equal_to_plain(result):
     assert summary[("all", "plain")].tau == 1.0 and summary[("all", "plain")].speedup == pytest.approx(1.0)
     for s in summary.values():  # the decomposition that explains a speedup
         assert s.speedup == pytest.approx(s.tau / s.step_cost)
+    tree, plain = summary[("all", "opttree")], summary[("all", "plain")]  # where a step's time goes
+    assert 0 < tree.draft_ms and 0 < tree.verify_ms and tree.draft_ms + tree.verify_ms < tree.step_ms
+    assert plain.draft_ms is None and plain.step_ms == pytest.approx(1e3 * plain.wall_time / plain.new_tokens)
+    mine = [r for r in result.records if r.method == "opttree"]
+    assert tree.verify_ms == pytest.approx(1e3 * sum(r.verify_seconds for r in mine) / sum(r.steps for r in mine))
     assert {s.group for s in result.summaries()} == {"mt_bench", "qa", "all"}
 
 
@@ -108,6 +113,8 @@ def test_files_tables_and_plots_are_written(result, tmp_path):
     assert sum(choice["accept_lengths"]) == sum(choice["new_tokens"])
     summary = (tmp_path / "summary.md").read_text()
     assert "| `opttree` |" in summary and "| mt_bench | `assisted` |" in summary and "MISMATCH" not in summary
+    steps = summary.split("## Where a step's time goes", 1)[1].split("\n## ", 1)[0]
+    assert steps.count("| `") == 4 and "| `plain` | 1.00 |" in steps and "| – | – | – |" in steps  # plain: no split
     assert "torch_threads" in summary and json.loads((tmp_path / "header.json").read_text())["environment"]["torch"]
     for name in ("speedup_by_category.png", "accept_lengths.png", "expected_vs_accepted.png"):
         assert (tmp_path / name).read_bytes()[:8] == PNG, name

@@ -76,6 +76,23 @@ def test_compiled_verification_equals_plain_and_compiles_only_fixed_sizes(family
     assert sizes and set(sizes) <= set(VERIFY_SIZES), recorder.rows  # graphs at fixed sizes only
 
 
+def test_a_fixed_tree_compiles_one_graph_whatever_its_trees_sizes():
+    """nodes=6 over a compiled verification: every step verifies at the budget's size (8 rows), a smaller tree
+    padded to it, so one graph serves the call and none compiles mid-answer. A draft of other weights and a
+    threshold make the trees' sizes vary (control: unpadded, they would need several sizes)."""
+    from opttree.tree.sizes import padded_size
+
+    target, draft = sharp("llama"), peaked(tiny_model("llama", seed=3), 30.0)
+    plain = target.generate(PROMPT, max_new_tokens=24, do_sample=False)
+    recorder = Recorder()
+    out = target.generate(PROMPT, max_new_tokens=24, do_sample=False, cache_implementation="static",
+                          custom_generate=speculative_generate, draft_model=draft, nodes=6, threshold=0.3,
+                          return_dict_in_generate=True, compile_config=forced(recorder))
+    assert torch.equal(out.sequences, plain)
+    assert recorder.rows == [8], recorder.rows
+    assert len({padded_size(n + 1) for n in out.stats.tree_sizes}) > 1, out.stats.tree_sizes  # control
+
+
 def test_the_inductor_compiled_verification_equals_plain():
     target = sharp("llama")
     plain = target.generate(PROMPT, max_new_tokens=16, do_sample=False)

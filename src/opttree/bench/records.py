@@ -78,6 +78,9 @@ class Summary:
     draft_share: float | None = None  # opttree: drafting time / (drafting + verifying)
     acceptance: tuple[float, ...] | None = None  # an engine's chain: Σ accepted at position i / Σ drafts
     drafts: int = 0  # an engine's chain: Σ verifications of a draft
+    step_ms: float = float("nan")  # mean wall time of one decoding step (plain's: one token), prefill shared out
+    draft_ms: float | None = None  # opttree: of which drafting, per step
+    verify_ms: float | None = None  # opttree: of which the target's verification forward, per step
 
     @property
     def mean_acceptance_length(self) -> float | None:
@@ -121,6 +124,9 @@ def _summary(group: str, method: str, mine: list[TurnRecord], plain: dict) -> Su
         mean_tree_size=sum(sizes) / len(sizes) if sizes else None,
         draft_share=draft / (draft + verify) if draft + verify > 0 else None,
         acceptance=tuple(a / drafts for a in accepted) if drafts else None, drafts=drafts,
+        step_ms=1e3 * time_sum / steps if steps else float("nan"),
+        draft_ms=1e3 * draft / steps if steps and any(r.draft_seconds is not None for r in mine) else None,
+        verify_ms=1e3 * verify / steps if steps and any(r.verify_seconds is not None for r in mine) else None,
     )
 
 

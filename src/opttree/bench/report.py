@@ -137,6 +137,21 @@ def engines_section(overall: list[Summary]) -> list[str]:
                   "counters, read around each request; its time is its own generate() call.", ""]
 
 
+def steps_section(overall: list[Summary]) -> list[str]:
+    """Markdown lines on where a step's time goes, per method: its mean wall time, and for opttree its drafting,
+    its verification forward and the rest (the prefill shared out over the steps, the walk, the cache's keep)."""
+    out = ["## Where a step's time goes", "", "| method | τ | ms per step | drafting | verification | rest |",
+           "|---|---|---|---|---|---|"]
+    for s in overall:
+        split = s.draft_ms is not None and s.verify_ms is not None
+        rest = s.step_ms - s.draft_ms - s.verify_ms if split else None
+        out.append(f"| `{s.method}` | {_fmt(s.tau)} | {_fmt(s.step_ms, '.1f')} | {_fmt(s.draft_ms, '.1f')} | "
+                   f"{_fmt(s.verify_ms, '.1f')} | {_fmt(rest, '.1f')} |")
+    return out + ["", "ms per step = the method's wall time over its steps (plain's step: one token; an engine's: "
+                  "its own generate() call), each call's prefill included; drafting and verification: opttree's "
+                  "own clocks of each step's phases.", ""]
+
+
 @dataclass
 class BenchResult:
     records: list[TurnRecord]
@@ -178,8 +193,8 @@ class BenchResult:
             bad = sorted({r.method for r in self.mismatches})
             out += [f"> **FAILED: {len(self.mismatches)} turn(s) of {', '.join(bad)} differ from plain greedy "
                     "generate(). Their speedups below do not count.**", ""]
-        out += [markdown_table(overall, groups=False), "", "## Per category", "",
-                markdown_table(per_group), ""] + self.ties_section() + engines_section(overall) + ["## Set-up", ""]
+        out += [markdown_table(overall, groups=False), "", "## Per category", "", markdown_table(per_group), ""]
+        out += self.ties_section() + engines_section(overall) + steps_section(overall) + ["## Set-up", ""]
         for key in ("date_utc", "cpu", "cpu_count", "cuda", "torch_threads", "torch_interop_threads", "platform",
                     "python", "torch", "transformers", "opttree", "linear", "seed", "load_average_at_start"):
             if key in env:

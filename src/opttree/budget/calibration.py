@@ -182,8 +182,8 @@ def policy_maker(config: TreeConfig, target, drafter=None, new_drafter: Callable
     ``slots``: the static cache a compiled ``forward`` decodes on (see :func:`calibrate`).
     Its rows share one copy of the calibration as measured
     (:func:`~opttree.budget.policy.as_calibrated`) and plan untimed."""
-    if config.nodes != "auto" and config.threshold != "auto":
-        return lambda: FixedPolicy(config)
+    if config.nodes != "auto" and config.threshold != "auto":  # compiled: one size, one graph
+        return lambda: FixedPolicy(config, one_size=forward_kind(forward) == "compiled")
     latency = calibrate(target, drafter, new_drafter, forward=forward, kernels=kernels, slots=slots)
     if sampling:
         own = as_calibrated(latency)

@@ -45,7 +45,10 @@ NOTES = """\
   small is refused, naming the `max_cache_len` to ask for. Where generate() would compile plain
   decoding (a GPU, or `compile_config` with `_compile_all_devices`; not `disable_compile=True`),
   opttree's verification forwards run through generate()'s own compiled callable, one graph per fixed
-  size; a size whose compile fails runs eagerly, with one warning. With no cache named, on a device
+  size; a size whose compile fails runs eagerly, with one warning. No graph is compiled mid-answer (a CPU
+  compiles a 1 B model's size in about a minute): a fixed tree is verified at its budget's size, and with
+  `nodes="auto"` the calibration compiles the sizes it times, on a cache as long as the call's, and decoding
+  verifies only at those sizes. With no cache named, on a device
   generate() compiles for (a GPU; `compile_config._compile_all_devices` elsewhere), one prompt decodes on
   a static cache of opttree's own, so its verification compiles there too: the default on a GPU is the
   compiled path (`disable_compile=True` keeps it eager). A static cache opttree sizes holds a power of

@@ -59,13 +59,16 @@ class BudgetPolicy(Protocol):
 
 
 class FixedPolicy:
-    """``nodes`` and ``threshold`` as given: OPT-Tree's rule, nothing measured."""
+    """``nodes`` and ``threshold`` as given: OPT-Tree's rule, nothing measured. ``one_size``: every step is
+    verified at the size of the whole budget, a smaller tree (or none) padded to it: a compiled verification
+    forward, where each size is a graph compiled at its first forward (tens of seconds on a CPU, mid-answer)."""
 
     timed = False
 
-    def __init__(self, config: TreeConfig):
+    def __init__(self, config: TreeConfig, one_size: bool = False):
         self.config = config
         self.max_nodes = config.nodes
+        self.one_size = one_size
 
     def plan(self) -> StepPlan:
         return StepPlan(nodes=self.config.nodes, threshold=self.config.threshold)
@@ -74,8 +77,9 @@ class FixedPolicy:
         pass
 
     def verify_rows(self, nodes: int) -> int:
-        """The smallest fixed size that holds the root and the tree (nothing is measured)."""
-        return padded_size(nodes + 1)
+        """The smallest fixed size that holds the root and the tree (nothing is measured); with ``one_size``,
+        the one that holds the whole budget."""
+        return padded_size((self.max_nodes if self.one_size else nodes) + 1)
 
 
 __all__ = ["BudgetPolicy", "FixedPolicy", "LayerState", "StepPlan"]
