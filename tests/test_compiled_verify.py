@@ -346,3 +346,49 @@ def test_compiled_auto_compiles_no_graph_while_decoding(same_slots, tmp_path, mo
         assert decoding == [], recorder.rows  # no graph compiled while decoding
     else:
         assert decoding, recorder.rows  # control: the graphs of a MIN_SLOTS cache do not serve 128 slots
+
+
+@pytest.mark.parametrize("warm", [True, False])
+def test_a_calibration_read_from_its_file_compiles_its_sizes_before_the_first_step(warm, tmp_path, monkeypatch):
+    """A compiled call whose calibration is read from its file (a new process: no graph compiled yet) compiles the
+    sizes it will verify at before its first step (``timing.warm_compiled``), once per process and cache length, so
+    none compiles mid-answer. Control (``warm=False``): without it, decoding compiles them at its first steps."""
+    from opttree.budget import calibration, timing
+
+    monkeypatch.setenv("OPTTREE_CALIBRATION_DIR", str(tmp_path))
+    calibration.clear_calibrations()
+    target, recorder = sharp("llama"), Recorder()
+    real = timing.measure_verify_budgeted
+    monkeypatch.setattr(timing, "measure_verify_budgeted", lambda *a, **k: real(*a, **{**k, "order": (0, 15)}))
+
+    def call():
+        cache = StaticCache(config=target.config, max_cache_len=128)
+        return target.generate(PROMPT, max_new_tokens=40, do_sample=False, custom_generate=speculative_generate,
+                               draft_model=target, compile_config=forced(recorder), return_dict_in_generate=True,
+                               **{GENERATE_CACHE_NAME: cache})
+
+    call()  # measures, writes the file
+    calibration.clear_calibrations()  # as a new process: the file is read, no graph is compiled, nothing warmed
+    torch._dynamo.reset()
+    timing._WARMED.clear()
+    recorder.rows.clear()
+    measured, warmed = [], []
+    monkeypatch.setattr(timing, "measure_verify_budgeted", lambda *a, **k: measured.append(1))
+    real_warm = calibration.warm_compiled
+
+    def spy(*args, **kwargs):
+        sizes = real_warm(*args, **kwargs) if warm else []
+        warmed.append((sizes, len(recorder.rows)))
+        return sizes
+
+    monkeypatch.setattr(calibration, "warm_compiled", spy)
+    out = call()
+    assert torch.equal(out.sequences, target.generate(PROMPT, max_new_tokens=40, do_sample=False))
+    (sizes, before), = warmed
+    assert measured == [] and set(out.stats.tree_sizes) <= {0, 15}
+    if warm:
+        assert sizes == [0, 15] and sorted(recorder.rows) == [1, 16] and recorder.rows[before:] == [], recorder.rows
+        again = call()  # the same process and cache length: nothing run again
+        assert warmed[-1][0] == [] and torch.equal(again.sequences, out.sequences)
+    else:
+        assert recorder.rows[before:], recorder.rows  # control: compiled mid-answer

@@ -37,7 +37,7 @@ from .calibration_file import cache_dir, cache_mode, key_digest, stored
 from .latency import LatencyModel
 from .policy import AutoPolicy, as_calibrated
 from .timing import (BUDGET_FORWARDS, BUDGET_SECONDS, CALIBRATION_PREFIX, DRAFTER_REPEATS, DRAFT_WIDTHS, TIMING_ORDER,
-                     VERIFY_NODES, forward_kind, measure)
+                     VERIFY_NODES, forward_kind, measure, warm_compiled)
 
 MIN_CALIBRATION_PREFIX = 16  # a shorter context cannot be calibrated: "auto" is refused
 CALIBRATION_VERSION = 8  # bump when what is measured changes: old files are then ignored (8: a few sizes timed, warmed)
@@ -185,6 +185,10 @@ def policy_maker(config: TreeConfig, target, drafter=None, new_drafter: Callable
     if config.nodes != "auto" and config.threshold != "auto":  # compiled: one size, one graph
         return lambda: FixedPolicy(config, one_size=forward_kind(forward) == "compiled")
     latency = calibrate(target, drafter, new_drafter, forward=forward, kernels=kernels, slots=slots)
+    if latency.measured_only and slots is not None:  # compiled: every graph decoding verifies at, compiled now
+        with _measuring:
+            warm_compiled(target, forward, sorted(latency.verify_measured or ()), slots,
+                          drafter is not None and drafter.wants_hidden_states, calibration_prefix(target, drafter))
     if sampling:
         own = as_calibrated(latency)
         return lambda: AutoPolicy(config, own, timed=False)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from typing import Callable
 
 import torch
@@ -123,6 +124,25 @@ class VerifyRig:
         with torch.inference_mode():  # its inputs too: a compiled graph guards on inference tensors, and
             inputs = self._inputs(n)  # decoding's are (built outside, each size compiled again in decoding)
             return self.scratch.run(inputs)
+
+
+# target -> {(slots, hidden, nodes)}: the compiled verification graphs this process has run (warm_compiled)
+_WARMED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def warm_compiled(target, forward, sizes, slots: int, hidden: bool, prefix: int = CALIBRATION_PREFIX) -> list[int]:
+    """Run a compiled verification ``forward`` once at each of ``sizes`` (nodes) on a static cache of ``slots``
+    slots (``hidden``: returning the hidden states, as decoding asks), where this process has not yet: the graphs
+    decoding will replay are compiled before its first step, not mid-answer (a calibration read from its file, or
+    measured on another cache length, compiled none of them here). -> the sizes run."""
+    done = _WARMED.setdefault(target, set())
+    todo = [n for n in sizes if (slots, hidden, n) not in done]
+    if todo:
+        rig = VerifyRig(target, prefix, forward, hidden, slots)
+        for n in todo:
+            rig.run(n)
+            done.add((slots, hidden, n))
+    return todo
 
 
 def measure_verify(target, sizes=VERIFY_NODES, prefix: int = CALIBRATION_PREFIX,
@@ -252,4 +272,4 @@ def lower_envelope(times) -> tuple[float, ...]:
 __all__ = ["BUDGET_FORWARDS", "BUDGET_SECONDS", "CALIBRATION_PREFIX", "DRAFTER_REPEATS", "DRAFT_WIDTHS", "REPEATS",
            "TIMING_ORDER", "VERIFY_NODES", "VerifyRig", "forward_kind", "lower_envelope", "measure", "measure_drafter",
            "measure_verify", "time_drafter",
-           "measure_verify_budgeted", "warm_then_time"]
+           "measure_verify_budgeted", "warm_compiled", "warm_then_time"]
