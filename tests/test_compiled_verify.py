@@ -334,6 +334,10 @@ def test_compiled_auto_compiles_no_graph_while_decoding(same_slots, tmp_path, mo
         return table
 
     monkeypatch.setattr(timing, "measure_verify_budgeted", two_sizes)
+    timing._WARMED.clear()
+    warmed = []
+    real_warm = calibration.warm_compiled
+    monkeypatch.setattr(calibration, "warm_compiled", lambda *a, **k: warmed.append(real_warm(*a, **k)) or warmed[-1])
     cache = StaticCache(config=target.config, max_cache_len=128)
     out = target.generate(PROMPT, max_new_tokens=40, do_sample=False, custom_generate=speculative_generate,
                           draft_model=target, compile_config=forced(recorder), return_dict_in_generate=True,
@@ -344,6 +348,7 @@ def test_compiled_auto_compiles_no_graph_while_decoding(same_slots, tmp_path, mo
     decoding = recorder.rows[len(calibrated):]
     if same_slots:
         assert decoding == [], recorder.rows  # no graph compiled while decoding
+        assert warmed == [[]]  # calibration's own forwards warmed them: none run again
     else:
         assert decoding, recorder.rows  # control: the graphs of a MIN_SLOTS cache do not serve 128 slots
 

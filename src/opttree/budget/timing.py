@@ -120,10 +120,14 @@ class VerifyRig:
 
     def run(self, n: int) -> float:
         """One verification forward of ``n`` nodes, decoding's own (:meth:`~opttree.hf.compiled.ScratchTarget.run`):
-        its seconds."""
+        its seconds. A compiled forward's graph of that size and cache length is then this process's
+        (:func:`warm_compiled` does not run it again)."""
         with torch.inference_mode():  # its inputs too: a compiled graph guards on inference tensors, and
             inputs = self._inputs(n)  # decoding's are (built outside, each size compiled again in decoding)
-            return self.scratch.run(inputs)
+            seconds = self.scratch.run(inputs)
+        if self.scratch.forward is not None:
+            _WARMED.setdefault(self.scratch.target, set()).add((self.scratch.kv_len, self.scratch.hidden, n))
+        return seconds
 
 
 # target -> {(slots, hidden, nodes)}: the compiled verification graphs this process has run (warm_compiled)
@@ -135,13 +139,12 @@ def warm_compiled(target, forward, sizes, slots: int, hidden: bool, prefix: int 
     slots (``hidden``: returning the hidden states, as decoding asks), where this process has not yet: the graphs
     decoding will replay are compiled before its first step, not mid-answer (a calibration read from its file, or
     measured on another cache length, compiled none of them here). -> the sizes run."""
-    done = _WARMED.setdefault(target, set())
+    done = _WARMED.get(target, set())
     todo = [n for n in sizes if (slots, hidden, n) not in done]
     if todo:
         rig = VerifyRig(target, prefix, forward, hidden, slots)
         for n in todo:
-            rig.run(n)
-            done.add((slots, hidden, n))
+            rig.run(n)  # recorded in _WARMED by the rig
     return todo
 
 
