@@ -59,6 +59,7 @@ def run_cli(monkeypatch, target, argv) -> int:
     return cli.main(argv, prog="opttree bench")
 
 
+@pytest.mark.one_end  # the peer protocol; HF's side of the bench runs at both ends in test_bench.py
 def test_the_engine_runs_interleaved_recorded_checked_and_reported(pair, tmp_path, monkeypatch):
     target, folder, head, venv = pair
     calls = []  # (method, turn's prompt length, seconds around the call)
@@ -135,6 +136,7 @@ def test_an_engine_leaving_plain_passes_at_a_near_tie_and_fails_elsewhere(mode, 
         assert "near-tie" in (out / "summary.md").read_text()
 
 
+@pytest.mark.one_end
 def test_a_worker_that_fails_is_one_line_naming_its_log(pair, tmp_path, monkeypatch, capsys):
     target, folder, head, venv = pair
     argv = ["--questions", str(write_questions(tmp_path)), "--target", str(folder), "--methods", "plain,vllm",

@@ -382,6 +382,7 @@ def test_both_rounds_answer_the_prompts_the_kit_carries():
 
 @pytest.mark.real_model
 @pytest.mark.slow
+@pytest.mark.one_end  # the kit carries transformers 5.24.0 (WHEELS): the newest end's
 def test_the_bench_job_runs_end_to_end_on_the_cpu(tmp_path):
     """The GPU bench job as it runs there, on this CPU: the real SmolLM2 inflated (a small stand-in
     size), every method of the job with compile forced on the CPU (dynamo's eager backend: the same

@@ -139,6 +139,11 @@ def test_recipe_typos_and_missing_layers_are_errors(tmp_path):
     with pytest.raises(ValueError, match="keeps"):
         parse_recipe({"source": [{"name": "a", "kind": "teacher", "count": 1}],
                       "stage": [{"name": "s", "feature_layers": [2, -1]}]}, tmp_path)
+    with pytest.raises(ValueError, match=r"needs a \[\[source\]\].*add one"):  # was "unique names (got [])"
+        parse_recipe({"stage": [{"name": "s"}]}, tmp_path)
+    with pytest.raises(ValueError, match="unique names"):
+        parse_recipe({"source": [{"name": "a", "kind": "teacher", "count": 1}] * 2, "stage": [{"name": "s"}]},
+                     tmp_path)
 
 
 def test_a_stage_starts_from_the_one_before_a_named_folder_or_nothing(tmp_path):
@@ -155,12 +160,14 @@ def test_a_stage_starts_from_the_one_before_a_named_folder_or_nothing(tmp_path):
     assert stage_init(recipe, named, tmp_path / "t") == tmp_path / "heads" / "old"
 
 
-@pytest.mark.parametrize("name", ["recipe.toml", "ablation-cpu.toml", "round-cpu.toml", "ablation34-cpu.toml",
-                                  "round-gpu.toml"])
+@pytest.mark.parametrize("name", ["smollm2-135m-head/recipe.toml", "smollm2-135m-head/ablation-cpu.toml",
+                                  "smollm2-135m-head/round-cpu.toml", "smollm2-135m-head/ablation34-cpu.toml",
+                                  "smollm2-135m-head/round-gpu.toml", "smollm2-135m-eagle3/round-cpu.toml",
+                                  "smollm2-135m-eagle3/round-cpu-2.toml"])
 def test_shipped_recipes_parse(name):
     from pathlib import Path
 
-    recipe = load_recipe(Path(__file__).resolve().parents[1] / "drafts" / "smollm2-135m-head" / name)
+    recipe = load_recipe(Path(__file__).resolve().parents[1] / "drafts" / name)
     assert recipe.stages and all(recipe.train_config(s) for s in recipe.stages)
 
 

@@ -163,6 +163,7 @@ def test_batched_greedy_equality(smollm2, real_draft):
     assert len(out.stats.rows) == len(rows)
 
 
+@pytest.mark.one_end  # at the lowest end test_standin.py's stand-in writes SmolLM2's text
 def test_smollm2_inflated_writes_smollm2s_text_and_the_shipped_drafts_draft_as_against_smollm2(smollm2):
     """SmolLM2 inflated (3.1x its parameters; hidden 1152, 32 layers): greedy output equal to
     SmolLM2's, and the shipped head and draft, loaded against it unchanged, accept what they accept

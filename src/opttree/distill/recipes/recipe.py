@@ -135,7 +135,10 @@ def parse_recipe(raw: dict, base: Path) -> Recipe:
     seed = int(raw.get("seed", 0))
     sources = tuple(Source(**_only(Source, s, f"source {s.get('name')}")) for s in raw.get("source", []))
     names = [s.name for s in sources]
-    if len(set(names)) != len(names) or not names:
+    if not names:
+        raise ValueError("a recipe needs a [[source]] (what its texts answer; a round given --texts reads those "
+                         "instead, but its recipe still names what they answer): add one, e.g. round-cpu.toml's")
+    if len(set(names)) != len(names):
         raise ValueError(f"sources need unique names (got {names})")
     for s in sources:
         if s.kind not in ("answers", "teacher"):
