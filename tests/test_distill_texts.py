@@ -143,5 +143,6 @@ def test_the_committed_round_reads_back():
     assert max(int(r["input_ids"].max()) for r in first + second) < 49152
     assert len(T.read_jsonl_prompts(folder / "data" / T.PROMPTS_FILE)) == 8192
     assert [r["prompt_index"] for r in first] == list(range(8192))
-    assert json.loads((folder / "round.json").read_text())["prompts_answered"] == 6240 + 768
+    assert json.loads((folder / "round-1.json").read_text())["prompts_answered"] == 6240 + 768
+    assert json.loads((folder / "round.json").read_text())["prompts_answered"] == 8192 + 768  # round two: all
     assert (folder / "model.safetensors").stat().st_size <= 20_000_000
