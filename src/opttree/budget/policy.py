@@ -100,9 +100,14 @@ def next_layer_guess(state: LayerState, cap: int | None = None) -> torch.Tensor:
         return probs.new_zeros(0)
     parent_probs = torch.where(parents[last] >= 0, probs[parents[last].clamp(min=0)], probs.new_ones(len(last)))
     ratios = probs[last] / parent_probs  # [k]: the q of each last-layer node
-    groups = [torch.sort(ratios[parents[last] == p], descending=True).values for p in torch.unique(parents[last])]
-    width = max(len(g) for g in groups)
-    profile = torch.stack([torch.nn.functional.pad(g, (0, width - len(g))) for g in groups]).mean(0)  # [width]
+    _, group = torch.unique(parents[last], return_inverse=True)  # [k]: each node's sibling group, 0 … g - 1
+    by_q = torch.sort(ratios, descending=True, stable=True).indices
+    order = by_q[torch.sort(group[by_q], stable=True).indices]  # [k]: by group, within one by q descending
+    sizes = torch.bincount(group)  # [g]
+    rank = torch.arange(len(order)) - (torch.cumsum(sizes, 0) - sizes)[group[order]]  # [k]: q's rank among siblings
+    # [width]: the mean q by rank over the groups (a group without that rank counts 0), in ops that do not
+    # grow with the groups (this runs before every draft forward)
+    profile = ratios.new_zeros(int(sizes.max())).index_add_(0, rank, ratios[order]) / len(sizes)
     frontier = torch.sort(probs[last], descending=True).values[:state.next_width]  # [w]
     guess = torch.sort((frontier[:, None] * profile[None, :]).flatten(), descending=True).values
     return guess[:cap]
