@@ -242,6 +242,19 @@ def test_the_next_layer_guess_costs_the_same_ops_whatever_its_sibling_groups():
     assert counter.ops > ops[12] + 12, (counter.ops, ops)
 
 
+def test_step_times_prices_each_padded_size_once(monkeypatch):
+    """After every timed step the model's numbers change and T(1 … 63) is rebuilt: one price per padded size
+    (1, 3, 7, 15, 31, 63 nodes), not one per node count (a 0.5 ms rebuild a step at 135 M, 0.1 ms now)."""
+    lat = latency(CPU_LIKE)
+    calls = []
+    original = LatencyModel.verify_time
+    monkeypatch.setattr(LatencyModel, "verify_time", lambda self, n: calls.append(n) or original(self, n))
+    times = lat.step_times(latency_module.AUTO_MAX_NODES).tolist()
+    assert len(calls) == 6, calls
+    monkeypatch.setattr(LatencyModel, "verify_time", original)
+    assert times == pytest.approx([lat.verify_time(k) + lat.overhead for k in range(1, latency_module.AUTO_MAX_NODES + 1)])
+
+
 def test_a_layer_pays_while_its_gain_per_second_beats_the_current_rate():
     probs = torch.tensor([0.9, 0.8, 0.72, 0.64])  # a chain-like draft: q = 0.9 at every node
     parents = torch.tensor([-1, 0, 1, 2])

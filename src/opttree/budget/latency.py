@@ -217,12 +217,18 @@ class LatencyModel:
 
     def step_times(self, m: int) -> torch.Tensor:
         """[m] float64: T(1) … T(m), each plus the rest of a step (overhead). A slice of a cached
-        tensor, rebuilt only when the numbers it is made of change (a refresh, or a test setting them)."""
+        tensor, rebuilt only when the numbers it is made of change (a refresh, or a test setting them): after
+        every timed step, so a rebuild prices each padded size once, not each of the m sizes."""
         key = (self.verify_scale, self.verify_offset, self.overhead, self.steps)
         cached = self._times  # one read: a concurrent rebuild replaces it whole
         if cached is None or cached[0] is not self.verify or cached[1] != key or len(cached[2]) < m:
             n = max(m, AUTO_MAX_NODES)
-            times = torch.tensor([self.verify_time(k) + self.overhead for k in range(1, n + 1)], dtype=torch.float64)
+            priced: dict[int, float] = {}  # padded size -> T + overhead: T(k) depends on k only through it
+            for k in range(1, n + 1):
+                size = padded_nodes(k)
+                if size not in priced:
+                    priced[size] = self.verify_time(k) + self.overhead
+            times = torch.tensor([priced[padded_nodes(k)] for k in range(1, n + 1)], dtype=torch.float64)
             cached = self._times = (self.verify, key, times)
         return cached[2][:m]
 
