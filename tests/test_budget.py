@@ -829,7 +829,7 @@ def decode_on_the_clock(latency: LatencyModel, steps: int) -> list[int]:
     sizes = []
     for _ in range(steps):
         m = policy.plan().size(CONFIDENT_TAIL)
-        sizes.append(latency.verify_rows(m) - 1)
+        sizes.append(policy.verify_rows(m) - 1)  # as the loop asks (loop/verify_inputs.py)
         policy.observe(step(m, DECODING[sizes[-1]]))
     return sizes
 
@@ -850,6 +850,27 @@ def test_decoding_clock_prices_the_sizes_it_verifies_and_probes_the_smaller_ones
     for n in (0, 1, 3, 15):  # the sizes below the one chosen were probed, those above it never
         assert latency.priced_by_clock(n) and latency.verify_time(n) == pytest.approx(DECODING[n])
     assert latency.verify_time(31) != pytest.approx(DECODING[31])  # never verified there: the corrected table
+
+
+def test_a_size_the_calibration_timed_too_dear_is_probed_at_its_own_rows(monkeypatch):
+    """A table that prices 4 and 8 rows dearer than 16 (this Xeon, 135 M bfloat16: 80 / 84 against 71 ms, the
+    first two from one noisy decoding step each, where decoding takes them cheaper): a tree of 3 or 7 nodes is
+    then padded to 16 rows, so a probe of those sizes must be verified at its own rows, or decoding's clock never
+    prices them and 15 nodes stay for good."""
+    noisy = LatencyTable((0, 1, 3, 7, 15), (0.046, 0.050, 0.080, 0.084, 0.069))
+
+    def noisy_model() -> LatencyModel:
+        return LatencyModel(verify=latency_module.complete_table(noisy, calibration.VERIFY_NODES),
+                            verify_measured=frozenset(noisy.sizes))
+
+    assert best_size(CONFIDENT_TAIL, noisy_model(), 0.0) == 15 and noisy_model().verify_rows(3) == 16
+    latency = noisy_model()
+    sizes = decode_on_the_clock(latency, 300)
+    assert sizes[-40:].count(truth_best()) >= 39, sizes[-40:]
+    assert latency.priced_by_clock(3) and latency.verify_time(3) == pytest.approx(DECODING[3])
+    # control: a probe padded as the table pads it times 16 rows again, and 15 nodes stay
+    monkeypatch.setattr(AutoPolicy, "verify_rows", lambda self, nodes: self.latency.verify_rows(nodes))
+    assert set(decode_on_the_clock(noisy_model(), 300)[-40:]) == {15}
 
 
 def test_without_the_clock_per_size_auto_keeps_the_calibrations_choice(monkeypatch):
@@ -896,7 +917,8 @@ def test_once_the_smaller_sizes_are_priced_a_probe_comes_every_probe_again_steps
     latency = calibrated_model()
     for n in (0, 1, 3, 7, 15):
         for _ in range(latency_module.SEEN_AFTER + 1):
-            latency.observe(step(n, DECODING[n]))
+            latency.observe(step(n, DECODING[n]), n)  # verified at its own size, as a probe is
+    assert all(latency.priced_by_clock(n) for n in (0, 1, 3, 7, 15))
     probes = []
     for _ in range(2 * latency_module.PROBE_AGAIN):
         probes.append(latency.probe(15))

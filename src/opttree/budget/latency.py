@@ -175,19 +175,19 @@ class LatencyModel:
 
     def probe(self, nodes: int) -> int:
         """The nodes to verify this step when the policy chose ``nodes``: ``nodes``, or on a probe step a
-        smaller table size that decoding's clock does not price yet and that a tree of its size is verified
-        at (the fewest counted steps, the nearest below on ties), every PROBE_EVERY timed steps while one is
-        left; then the nearest size below every PROBE_AGAIN steps, to follow a drift. A smaller tree keeps
-        the most probable nodes: lossless as any cut."""
+        smaller table size that decoding's clock does not price yet (the fewest counted steps, the nearest
+        below on ties), every PROBE_EVERY timed steps while one is left; then the nearest size below every
+        PROBE_AGAIN steps, to follow a drift. A probe is verified at its own size (the policy pads it there,
+        :meth:`~opttree.budget.policy.AutoPolicy.verify_rows`), even where the table prices a larger size
+        cheaper: a noisy calibration that made 4 rows dearer than 16 is corrected by decoding's clock, not kept
+        for good. A smaller tree keeps the most probable nodes: lossless as any cut."""
         if nodes <= 0 or self.steps == 0:
             return nodes
         chosen = self._padding(nodes)[0]
         below = [x for x in self.verify.sizes if x < chosen and self.may_verify_at(x)]
         if not below:
             return nodes
-        # open: not priced by the clock yet, and a tree of that size would be verified there (not padded to a
-        # larger size the model prices cheaper: probing it would time that one)
-        open_ = [x for x in below if not self.priced_by_clock(x) and self._padding(x)[0] == x]
+        open_ = [x for x in below if not self.priced_by_clock(x)]  # not priced by the clock yet
         if open_ and self.steps % PROBE_EVERY == 0:
             return min(open_, key=lambda x: (self.seen[x].counted if x in self.seen else 0, -x))
         if not open_ and self.steps % PROBE_AGAIN == 0:
@@ -236,10 +236,11 @@ class LatencyModel:
         """c(w): one draft forward expanding ``width`` nodes (0 while unmeasured)."""
         return 0.0 if self.layer is None else self.layer.at(width) * self.layer_scale
 
-    def observe(self, step) -> None:
-        """Refresh from one finished step (a StepStats)."""
+    def observe(self, step, size: int | None = None) -> None:
+        """Refresh from one finished step (a StepStats) verified at table size ``size`` (None: the size its
+        tree is padded to, :meth:`verify_rows`)."""
         with self.lock:
-            self._observe(step)
+            self._observe(step, size)
 
     def _measure_fitted(self, priced: float, verify_seconds: float) -> bool:
         """A step verified at a fitted size ``priced``: from the second such step on (the first warmed the size:
@@ -256,8 +257,8 @@ class LatencyModel:
         self.verify_measured = self.verify_measured | {priced}
         return True
 
-    def _observe(self, step) -> None:
-        priced = self._padding(step.tree_size)[0]  # the size the step verified at
+    def _observe(self, step, size: int | None) -> None:
+        priced = self._padding(step.tree_size)[0] if size is None else size  # the size the step verified at
         calibrated = self.verify.at(priced)
         if step.verify_seconds > 0:
             self.steps += 1

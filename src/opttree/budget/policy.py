@@ -43,6 +43,7 @@ import torch
 
 from ..tree.config import TreeConfig
 from ..tree.plan import LayerState, StepPlan
+from ..tree.sizes import padded_nodes
 from .latency import AUTO_MAX_NODES, REFRESH, LatencyModel
 
 SIZE_REFRESH = 0.25  # weight of each step's verified size in the running mean tree size
@@ -170,6 +171,7 @@ class AutoPolicy:
         self.threshold = 0.0 if self.auto_threshold else config.threshold  # with "auto", `grow` decides
         self._start = self.clock()
         self._priced = latency.root_seconds  # untimed: the model's drafting time of the step so far
+        self._probing: int | None = None  # this step's probed size (LatencyModel.probe), verified at its own rows
         # the recent tree size, shared by later calls with the same settings (not by other settings)
         self.setting = f"{config.strategy}/{config.nodes}/{config.threshold}/{config.max_depth}"
         self.mean_size = latency.mean_sizes.get(self.setting, START_SIZE)
@@ -179,12 +181,16 @@ class AutoPolicy:
         return self.clock() - self._start if self.timed else self._priced
 
     def verify_rows(self, nodes: int) -> int:
-        """The rows a tree of ``nodes`` nodes is verified at: the measured cheapest size that holds it."""
+        """The rows a tree of ``nodes`` nodes is verified at: the measured cheapest size that holds it, or on a
+        probe step the probed size (:meth:`LatencyModel.probe`)."""
+        if self._probing is not None and nodes <= self._probing:
+            return padded_nodes(self._probing) + 1
         return self.latency.verify_rows(nodes)
 
     def plan(self) -> StepPlan:
         self._start = self.clock()
         self._priced = self.latency.root_seconds
+        self._probing = None
         return StepPlan(
             nodes=self.max_nodes,
             threshold=self.threshold,
@@ -201,14 +207,18 @@ class AutoPolicy:
 
     def _size(self, path_probs: torch.Tensor) -> int:
         size = best_size(path_probs, self.latency, self.spent(), self.max_nodes)
-        return self.latency.probe(size) if self.timed else size  # probes: decoding's clock prices smaller sizes
+        if not self.timed:
+            return size
+        probe = self.latency.probe(size)  # probes: decoding's clock prices smaller sizes, each at its own size
+        self._probing = probe if probe != size else None
+        return probe
 
     def observe(self, step) -> None:
         with self.latency.lock:
             if self.timed:
                 rest = self.spent() - step.draft_seconds - step.verify_seconds  # since plan(): the whole step
                 self.latency.overhead += REFRESH * (max(rest, 0.0) - self.latency.overhead)
-                self.latency.observe(step)
+                self.latency.observe(step, None if self._probing is None else padded_nodes(self._probing))
             if step.tree is not None and step.accepted_nodes is not None and len(step.tree) > 0:
                 accepted = torch.zeros(len(step.tree), dtype=torch.bool)
                 accepted[step.accepted_nodes] = True
