@@ -185,3 +185,35 @@ def test_step_times_is_a_slice_of_a_cache_rebuilt_when_the_numbers_change():
     assert lat.step_times(4).tolist() == pytest.approx(expected(4))
     assert len(lat.step_times(AUTO_MAX_NODES + 10)) == AUTO_MAX_NODES + 10  # a larger pool (cap=None)
     assert lat.step_times(AUTO_MAX_NODES + 10).tolist() == pytest.approx(expected(AUTO_MAX_NODES + 10))
+
+
+def interpolated(rmap: ReliabilityMap, p: torch.Tensor) -> torch.Tensor:
+    """The map as first written: the segment's two points looked up and interpolated, the ends by where()."""
+    x, y = rmap.curve.x, rmap.curve.y
+    i = torch.searchsorted(x, p, right=True).clamp(1, len(x) - 1)
+    inside = y[i - 1] + (y[i] - y[i - 1]) * (p - x[i - 1]) / (x[i] - x[i - 1])
+    return torch.where(p < x[0], p * (y[0] / x[0]), torch.where(p >= x[-1], p * (y[-1] / x[-1]), inside)).clamp(0, 1)
+
+
+def test_the_map_is_a_few_ops_whatever_the_nodes_and_equals_the_interpolation():
+    """apply runs several times before every draft forward of an "auto" step: one line per segment, fitted with
+    the curve, makes it 6 ops for float64 nodes (33 before; 0.11 -> 0.03 ms for 70 nodes on this Xeon, alone),
+    the interpolation's values to 1e-15 (inside, at the points, below and above them)."""
+    from opttree.tools.overhead import OverheadCounter
+
+    g = torch.Generator().manual_seed(3)
+    rmap = ReliabilityMap()
+    for _ in range(5):
+        p = torch.rand(30, generator=g) ** 2
+        rmap.update(p, torch.rand(30, generator=g) < 0.6 * p)
+    probs = torch.cat([torch.rand(100, generator=g, dtype=torch.float64) ** 3, rmap.curve.x,
+                       torch.tensor([0.0, 1e-7, 1.0], dtype=torch.float64)])
+    assert torch.allclose(rmap.apply(probs), interpolated(rmap, probs), rtol=0, atol=1e-15)
+    ops = {}
+    for k in (5, 60):
+        with OverheadCounter(torch.nn.Identity()) as counter:
+            rmap.apply(probs[:k])
+        ops[k] = counter.ops
+    with OverheadCounter(torch.nn.Identity()) as counter:  # control: the interpolation as first written
+        interpolated(rmap, probs[:60])
+    assert ops[5] == ops[60] <= 8 < counter.ops, (ops, counter.ops)

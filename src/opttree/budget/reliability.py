@@ -30,6 +30,7 @@ reads one immutable curve and may run beside it). Host work: a few small tensor 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -62,6 +63,16 @@ def pool_adjacent_violators(ys: list[float], weights: list[float]) -> list[float
     return [value for value, _, members in blocks for _ in range(members)]
 
 
+@dataclass(frozen=True)
+class Curve:
+    """The fitted map: points (x, y) and the line of each segment between and beyond them."""
+
+    x: torch.Tensor  # [BINS] float64: each bin's mean p̂, ascending
+    y: torch.Tensor  # [BINS] float64: its acceptance rate, non-decreasing
+    slope: torch.Tensor  # [BINS + 1] float64: segment i (searchsorted(x, p̂, right=True)) is slope[i] · p̂ + offset[i]
+    offset: torch.Tensor  # [BINS + 1] float64
+
+
 class ReliabilityMap:
     """p̂ → the probability that a node of that p̂ is accepted, learnt online (see the module)."""
 
@@ -73,7 +84,7 @@ class ReliabilityMap:
         self.hits = torch.zeros(BINS, dtype=torch.float64)  # [BINS] … of those accepted
         self.mass = torch.zeros(BINS, dtype=torch.float64)  # [BINS] … their Σp̂
         self.steps = 0  # updates with at least one node
-        self.curve: tuple[torch.Tensor, torch.Tensor] | None = None  # ([BINS] p̂, [BINS] rate); None: identity
+        self.curve: Curve | None = None  # None: the identity
 
     def update(self, path_probs: torch.Tensor, accepted: torch.Tensor) -> None:
         """One verified tree. path_probs: [n] float, its nodes' p̂; accepted: [n] bool, on the
@@ -90,30 +101,33 @@ class ReliabilityMap:
         self.steps += 1
         self.curve = self._fit()
 
-    def _fit(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def _fit(self) -> Curve:
         weight = self.nodes + self.prior  # [BINS]
         x = (self.mass + self.prior * self.centres) / weight  # [BINS] mean p̂, strictly ascending
         rate = (self.hits + self.prior * self.centres) / weight  # [BINS] acceptance rate
-        y = pool_adjacent_violators(rate.tolist(), weight.tolist())
-        return x, torch.tensor(y, dtype=torch.float64)
+        y = torch.tensor(pool_adjacent_violators(rate.tolist(), weight.tolist()), dtype=torch.float64)  # [BINS]
+        # segment i (searchsorted's index) is value = slope[i] · p̂ + offset[i]: 0 below x[0] and BINS from x[-1] on
+        # (p̂ scaled by the first / last point's rate / p̂), i between x[i - 1] and x[i]
+        inner = (y[1:] - y[:-1]) / (x[1:] - x[:-1])  # [BINS - 1]
+        slope = torch.cat([y[:1] / x[:1], inner, y[-1:] / x[-1:]])  # [BINS + 1]
+        offset = torch.cat([y.new_zeros(1), y[:-1] - inner * x[:-1], y.new_zeros(1)])  # [BINS + 1]
+        return Curve(x, y, slope, offset)
 
     def apply(self, path_probs: torch.Tensor) -> torch.Tensor:
         """path_probs: [k] float, any order -> [k], same dtype and device: each node's calibrated
-        probability of being accepted, non-decreasing in p̂ (p̂ itself until the first update)."""
+        probability of being accepted, non-decreasing in p̂ (p̂ itself until the first update).
+        A few ops whatever k: it runs several times before every draft forward of an "auto" step."""
         curve = self.curve  # one read: update() replaces it whole
         if curve is None:
             return path_probs
-        x, y = curve  # [BINS] each
         p = path_probs.detach().double().cpu()  # [k]
-        i = torch.searchsorted(x, p, right=True).clamp(1, BINS - 1)  # [k]: x[i-1] <= p < x[i] inside
-        x0, x1, y0, y1 = x[i - 1], x[i], y[i - 1], y[i]
-        inside = y0 + (y1 - y0) * (p - x0) / (x1 - x0)
-        out = torch.where(p < x[0], p * (y[0] / x[0]), torch.where(p >= x[-1], p * (y[-1] / x[-1]), inside))
-        return out.clamp(0.0, 1.0).to(dtype=path_probs.dtype, device=path_probs.device)
+        i = torch.searchsorted(curve.x, p, right=True)  # [k] segment, 0 … BINS
+        out = torch.addcmul(curve.offset[i], curve.slope[i], p).clamp_(0.0, 1.0)
+        return out.to(dtype=path_probs.dtype, device=path_probs.device)
 
     def at(self, p: float) -> float:
         """The calibrated value of one p̂ (for reports and tests)."""
         return float(self.apply(torch.tensor([p], dtype=torch.float64))[0])
 
 
-__all__ = ["BINS", "CENTRES", "DECAY", "EDGES", "PRIOR_NODES", "ReliabilityMap", "pool_adjacent_violators"]
+__all__ = ["BINS", "CENTRES", "Curve", "DECAY", "EDGES", "PRIOR_NODES", "ReliabilityMap", "pool_adjacent_violators"]
