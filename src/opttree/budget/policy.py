@@ -184,7 +184,7 @@ class AutoPolicy:
         """The rows a tree of ``nodes`` nodes is verified at: the measured cheapest size that holds it, or on a
         probe step the probed size (:meth:`LatencyModel.probe`)."""
         if self._probing is not None and nodes <= self._probing:
-            return padded_nodes(self._probing) + 1
+            return self._probing + 1
         return self.latency.verify_rows(nodes)
 
     def plan(self) -> StepPlan:
@@ -210,7 +210,7 @@ class AutoPolicy:
         if not self.timed:
             return size
         probe = self.latency.probe(size)  # probes: decoding's clock prices smaller sizes, each at its own size
-        self._probing = probe if probe != size else None
+        self._probing = padded_nodes(probe) if probe != size else None  # a table size: the rows it is verified at
         return probe
 
     def observe(self, step) -> None:
@@ -218,7 +218,7 @@ class AutoPolicy:
             if self.timed:
                 rest = self.spent() - step.draft_seconds - step.verify_seconds  # since plan(): the whole step
                 self.latency.overhead += REFRESH * (max(rest, 0.0) - self.latency.overhead)
-                self.latency.observe(step, None if self._probing is None else padded_nodes(self._probing))
+                self.latency.observe(step, self._probing)
             if step.tree is not None and step.accepted_nodes is not None and len(step.tree) > 0:
                 accepted = torch.zeros(len(step.tree), dtype=torch.bool)
                 accepted[step.accepted_nodes] = True
